@@ -1,0 +1,35 @@
+# MedSegBenchmarker. `make quickstart` and `make test` each do all their own set-up (idempotent).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+export HF_HUB_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup quickstart test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	# torch first: the pinned CPU-capable wheels (torch 2.14.1 / torchvision 0.29.1) lie on this machine's disk
+	$(BIN)/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/python -m pip install -q "torch>=2.4,<2.15" "torchvision>=0.19,<0.30"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+setup: $(STAMP)
+
+quickstart: setup
+	$(BIN)/msb run configs/study.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q -ra
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -ra -m "not slow"
+
+bench: setup
+	$(BIN)/python scripts/bench_train.py
+	$(BIN)/python scripts/bench_metrics.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,5 @@
+"""``python -m msb`` = the ``msb`` command."""
+
+from msb.cli import main
+
+main()

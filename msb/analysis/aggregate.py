@@ -1,0 +1,470 @@
+"""Scores from raw counts: Dice, IoU, precision and recall under three aggregation rules.
+
+Everything here is a pure function of a counts table (``docs/counts_schema.md``); nothing reads
+predictions or models. Per-unit scores (MONAI-style ``compute_*`` functions, vectorised):
+
+* Dice (Dice 1945; Sørensen 1948): ``2 TP / (2 TP + FP + FN)``
+* IoU (Jaccard 1912): ``TP / (TP + FP + FN)``
+* precision: ``TP / (TP + FP)``
+* recall (sensitivity): ``TP / (TP + FN)``
+
+A score whose denominator is 0 is *undefined* and returned as NaN (e.g. Dice and IoU of an image
+where both reference and prediction are empty, precision of an empty prediction, recall of an empty
+reference). Undefined units are never replaced by 0 or 1: they are excluded from means and counted
+(``n_excluded``).
+
+Aggregation rules (named as in segmentation_models_pytorch ``metrics.functional`` reductions):
+
+``global-micro``
+    sum TP, FP, FN over every image and class, then one ratio. One unit (the pool).
+``image-macro``
+    one score per image x class row; per class the mean over images whose score is defined; then the
+    unweighted mean over classes with a defined class mean. Units: image x class rows. With a single
+    (foreground) class -- a binary task -- this is the plain mean over images.
+``class-macro``
+    per class, sum the counts over images and take the ratio; then the unweighted mean over classes
+    with a defined score. Units: classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.table import Table
+
+from msb.errors import MSBError
+from msb.utils.atomic import atomic_path
+
+__all__ = [
+    "ALL_METRICS", "ALL_RULES", "DEFAULT_GROUP", "POOL_FOLDS_GROUP", "GROUPINGS", "IMAGE_COLUMNS",
+    "SCORE_COLUMNS", "AggregateResult", "aggregate", "check_poolable", "dice_from_counts",
+    "iou_from_counts", "precision_from_counts", "recall_from_counts", "reaggregate",
+    "render_scores_table", "scores_wide", "write_scores",
+]
+
+#: Aggregation rules, in output order.
+ALL_RULES: tuple[str, ...] = ("global-micro", "image-macro", "class-macro")
+#: Metrics, in output order.
+ALL_METRICS: tuple[str, ...] = ("dice", "iou", "precision", "recall")
+#: Default grouping of :func:`reaggregate`: one group per evaluated run x checkpoint role.
+DEFAULT_GROUP: tuple[str, ...] = ("dataset", "split", "model", "run_id", "checkpoint_role", "fold")
+#: Grouping that pools every run (e.g. all folds) of a model on a dataset split.
+POOL_FOLDS_GROUP: tuple[str, ...] = ("dataset", "split", "model", "checkpoint_role")
+#: Named groupings (for a CLI option).
+GROUPINGS: dict[str, tuple[str, ...]] = {"run": DEFAULT_GROUP, "folds": POOL_FOLDS_GROUP}
+#: Columns identifying one image (a counts key without ``class_id``): the same ``image_id`` in two
+#: runs is two images.
+IMAGE_COLUMNS: tuple[str, ...] = ("dataset", "split", "fold", "run_id", "checkpoint_role", "image_id")
+#: Columns of the long table returned by :func:`reaggregate`, after the group columns.
+SCORE_COLUMNS: tuple[str, ...] = ("aggregation", "metric", "value", "n_images", "n_classes",
+                                  "n_units", "n_excluded")
+
+_METRIC_LABELS = {"dice": "Dice", "iou": "IoU", "precision": "Precision", "recall": "Recall"}
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    num, den = np.broadcast_arrays(num, den)
+    out = np.full(num.shape, np.nan, dtype=np.float64)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+def dice_from_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Dice similarity coefficient ``2 TP / (2 TP + FP + FN)`` (Dice 1945; Sørensen 1948).
+
+    Args:
+        tp, fp, fn: pixel counts, any broadcastable shape, integer or float.
+
+    Returns:
+        ``float64`` array of the broadcast shape, in [0, 1]; NaN where ``2 TP + FP + FN == 0``
+        (empty reference and empty prediction: undefined).
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    return _ratio(2.0 * tp, 2.0 * tp + np.asarray(fp, dtype=np.float64) + np.asarray(fn, dtype=np.float64))
+
+
+def iou_from_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Intersection over union (Jaccard index, Jaccard 1912) ``TP / (TP + FP + FN)``.
+
+    Args:
+        tp, fp, fn: pixel counts, any broadcastable shape.
+
+    Returns:
+        ``float64`` array in [0, 1]; NaN where ``TP + FP + FN == 0`` (undefined).
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    return _ratio(tp, tp + np.asarray(fp, dtype=np.float64) + np.asarray(fn, dtype=np.float64))
+
+
+def precision_from_counts(tp: np.ndarray, fp: np.ndarray) -> np.ndarray:
+    """Precision (positive predictive value) ``TP / (TP + FP)``.
+
+    Args:
+        tp, fp: pixel counts, any broadcastable shape.
+
+    Returns:
+        ``float64`` array in [0, 1]; NaN where ``TP + FP == 0`` (empty prediction: undefined).
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    return _ratio(tp, tp + np.asarray(fp, dtype=np.float64))
+
+
+def recall_from_counts(tp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Recall (sensitivity, true positive rate) ``TP / (TP + FN)``.
+
+    Args:
+        tp, fn: pixel counts, any broadcastable shape.
+
+    Returns:
+        ``float64`` array in [0, 1]; NaN where ``TP + FN == 0`` (empty reference: undefined).
+    """
+    tp = np.asarray(tp, dtype=np.float64)
+    return _ratio(tp, tp + np.asarray(fn, dtype=np.float64))
+
+
+def _score(metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    if metric == "dice":
+        return dice_from_counts(tp, fp, fn)
+    if metric == "iou":
+        return iou_from_counts(tp, fp, fn)
+    if metric == "precision":
+        return precision_from_counts(tp, fp)
+    if metric == "recall":
+        return recall_from_counts(tp, fn)
+    raise MSBError(f"unknown metric {metric!r}; choose from {list(ALL_METRICS)}")
+
+
+@dataclass(frozen=True)
+class AggregateResult:
+    """One aggregated score.
+
+    Attributes:
+        value: the score in [0, 1], NaN when no unit has a defined score.
+        n_units: units entering the innermost mean: 1 for ``global-micro`` (the pool), image x class
+            rows for ``image-macro``, classes for ``class-macro``.
+        n_excluded: of those units, how many have an undefined score and were left out.
+        n_images: distinct images (:data:`IMAGE_COLUMNS`) in the rows.
+        n_classes: distinct ``class_id`` in the rows.
+    """
+
+    value: float
+    n_units: int
+    n_excluded: int
+    n_images: int
+    n_classes: int
+
+
+def _describe(label: str | None) -> str:
+    return label if label else "the selected rows"
+
+
+def check_poolable(df: pd.DataFrame, label: str | None = None) -> None:
+    """Refuse to pool rows evaluated with different binarisation settings.
+
+    Args:
+        df: counts rows that are about to be pooled into one score.
+        label: text naming the group in the error (e.g. ``"group dataset='x', run_id='r1'"``).
+
+    Raises:
+        MSBError: when ``threshold`` or ``threshold_on`` takes more than one value, naming the group
+            and the values found.
+    """
+    problems = []
+    for col in ("threshold", "threshold_on"):
+        if col not in df.columns:
+            continue
+        values = pd.unique(df[col])
+        if len(values) > 1:
+            shown = sorted(float(v) for v in values) if col == "threshold" else sorted(map(str, values))
+            problems.append(f"{col} values {shown}")
+    if problems:
+        raise MSBError(f"refusing to pool count rows of {_describe(label)}: they mix "
+                       + " and ".join(problems) + "; scores at different thresholds are not "
+                       "comparable. Aggregate them separately (add 'threshold' and 'threshold_on' "
+                       "to the grouping) or re-evaluate with one threshold")
+
+
+def _check_columns(df: pd.DataFrame, needed: Iterable[str], what: str) -> None:
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise MSBError(f"{what}: columns {missing} not in the counts table; available columns: "
+                       f"{list(df.columns)}")
+
+
+def _n_images(df: pd.DataFrame) -> int:
+    cols = [c for c in IMAGE_COLUMNS if c in df.columns]
+    if not cols:
+        return 0
+    return int(len(df.drop_duplicates(subset=cols))) if len(cols) > 1 else int(df[cols[0]].nunique())
+
+
+def _aggregate_arrays(rule: str, metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray,
+                      class_codes: np.ndarray, n_classes: int) -> tuple[float, int, int]:
+    """Core of :func:`aggregate` on int arrays; ``class_codes`` in ``0..n_classes-1``."""
+    if rule == "global-micro":
+        s = _score(metric, tp.sum(), fp.sum(), fn.sum())
+        v = float(s)
+        return v, 1, int(np.isnan(v))
+    if rule == "class-macro":
+        sums = [np.bincount(class_codes, weights=a, minlength=n_classes) for a in (tp, fp, fn)]
+        scores = _score(metric, *sums)
+        defined = ~np.isnan(scores)
+        value = float(scores[defined].mean()) if defined.any() else float("nan")
+        return value, int(n_classes), int((~defined).sum())
+    if rule == "image-macro":
+        scores = _score(metric, tp, fp, fn)
+        defined = ~np.isnan(scores)
+        sums = np.bincount(class_codes[defined], weights=scores[defined], minlength=n_classes)
+        counts = np.bincount(class_codes[defined], minlength=n_classes)
+        class_means = _ratio(sums, counts)
+        ok = ~np.isnan(class_means)
+        value = float(class_means[ok].mean()) if ok.any() else float("nan")
+        return value, int(len(scores)), int((~defined).sum())
+    raise MSBError(f"unknown aggregation rule {rule!r}; choose from {list(ALL_RULES)}")
+
+
+def aggregate(df: pd.DataFrame, rule: str, metric: str, *, label: str | None = None) -> AggregateResult:
+    """Aggregate one metric over all rows of a counts table under one rule.
+
+    Args:
+        df: counts rows (at least ``tp``, ``fp``, ``fn``, ``class_id``; see
+            ``docs/counts_schema.md``), all pooled into one score.
+        rule: ``"global-micro"``, ``"image-macro"`` or ``"class-macro"`` (module docstring).
+        metric: ``"dice"``, ``"iou"``, ``"precision"`` or ``"recall"``.
+        label: names the rows in error messages.
+
+    Returns:
+        :class:`AggregateResult` (value, n_units, n_excluded, n_images, n_classes). Formulas:
+        with ``s(.)`` the metric's ratio and ``c`` ranging over classes with a defined score,
+
+        * global-micro: ``s(sum_i,c TP, sum_i,c FP, sum_i,c FN)``
+        * image-macro: ``mean_c [ mean_{i: s_ic defined} s(TP_ic, FP_ic, FN_ic) ]``
+        * class-macro: ``mean_c s(sum_i TP_ic, sum_i FP_ic, sum_i FN_ic)``
+
+    Raises:
+        MSBError: unknown rule or metric; missing columns; no rows; rows mixing ``threshold`` or
+            ``threshold_on`` values (:func:`check_poolable`).
+    """
+    if rule not in ALL_RULES:
+        raise MSBError(f"unknown aggregation rule {rule!r}; choose from {list(ALL_RULES)}")
+    if metric not in ALL_METRICS:
+        raise MSBError(f"unknown metric {metric!r}; choose from {list(ALL_METRICS)}")
+    _check_columns(df, ("tp", "fp", "fn", "class_id"), "aggregate")
+    if len(df) == 0:
+        raise MSBError(f"no count rows to aggregate in {_describe(label)}")
+    check_poolable(df, label)
+    codes, uniques = pd.factorize(df["class_id"], sort=True)
+    value, n_units, n_excl = _aggregate_arrays(
+        rule, metric, df["tp"].to_numpy(dtype=np.int64), df["fp"].to_numpy(dtype=np.int64),
+        df["fn"].to_numpy(dtype=np.int64), codes, len(uniques))
+    return AggregateResult(value=value, n_units=n_units, n_excluded=n_excl,
+                           n_images=_n_images(df), n_classes=len(uniques))
+
+
+def _group_label(group_by: Sequence[str], key: tuple) -> str:
+    if not group_by:
+        return "all rows (no grouping)"
+    return "group " + ", ".join(f"{c}={_py(v)!r}" for c, v in zip(group_by, key))
+
+
+def _py(v):
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def reaggregate(
+    df: pd.DataFrame,
+    group_by: Sequence[str] = DEFAULT_GROUP,
+    rules: Sequence[str] = ALL_RULES,
+    metrics: Sequence[str] = ALL_METRICS,
+) -> pd.DataFrame:
+    """Aggregate a counts table per group under several rules and metrics (tidy output).
+
+    Args:
+        df: counts rows, e.g. from :func:`msb.analysis.counts_io.read_counts`.
+        group_by: columns defining one pool; :data:`DEFAULT_GROUP` gives one group per evaluated
+            run x checkpoint role, :data:`POOL_FOLDS_GROUP` pools all runs (folds) of a model, an empty
+            sequence pools everything. Adding ``threshold``/``threshold_on`` splits by threshold.
+        rules: subset of :data:`ALL_RULES`.
+        metrics: subset of :data:`ALL_METRICS`.
+
+    Returns:
+        DataFrame with the ``group_by`` columns then ``aggregation`` (str), ``metric`` (str),
+        ``value`` (float64, NaN if undefined), ``n_images``, ``n_classes``, ``n_units``,
+        ``n_excluded`` (int64): one row per group x rule x metric, groups sorted by their key, rules
+        and metrics in the given order. See :func:`aggregate` for units and formulas.
+
+    Raises:
+        MSBError: unknown group column, rule or metric; empty table; a group whose rows mix
+            ``threshold`` or ``threshold_on`` values (the group and the values are named).
+    """
+    group_by = list(group_by)
+    rules = list(rules)
+    metrics = list(metrics)
+    bad_rules = [r for r in rules if r not in ALL_RULES]
+    if bad_rules or not rules:
+        raise MSBError(f"unknown aggregation rule(s) {bad_rules}; choose from {list(ALL_RULES)}")
+    bad_metrics = [m for m in metrics if m not in ALL_METRICS]
+    if bad_metrics or not metrics:
+        raise MSBError(f"unknown metric(s) {bad_metrics}; choose from {list(ALL_METRICS)}")
+    _check_columns(df, group_by, "group_by")
+    _check_columns(df, ("tp", "fp", "fn", "class_id"), "reaggregate")
+    if len(df) == 0:
+        raise MSBError("no count rows to aggregate; check the count files given")
+
+    if group_by:
+        groups = [(k if isinstance(k, tuple) else (k,), g)
+                  for k, g in df.groupby(group_by, sort=True, dropna=False)]
+    else:
+        groups = [((), df)]
+    # check every group before computing anything, so the first error is reported without work
+    for key, g in groups:
+        check_poolable(g, _group_label(group_by, key))
+
+    records = []
+    for key, g in groups:
+        codes, uniques = pd.factorize(g["class_id"], sort=True)
+        tp = g["tp"].to_numpy(dtype=np.int64)
+        fp = g["fp"].to_numpy(dtype=np.int64)
+        fn = g["fn"].to_numpy(dtype=np.int64)
+        n_images = _n_images(g)
+        for rule in rules:
+            for metric in metrics:
+                value, n_units, n_excl = _aggregate_arrays(rule, metric, tp, fp, fn, codes,
+                                                           len(uniques))
+                rec = {c: _py(v) for c, v in zip(group_by, key)}
+                rec.update(aggregation=rule, metric=metric, value=value, n_images=n_images,
+                           n_classes=len(uniques), n_units=n_units, n_excluded=n_excl)
+                records.append(rec)
+    out = pd.DataFrame.from_records(records, columns=[*group_by, *SCORE_COLUMNS])
+    for c in group_by:
+        out[c] = out[c].astype(df[c].dtype)
+    out["value"] = out["value"].astype(np.float64)
+    for c in ("n_images", "n_classes", "n_units", "n_excluded"):
+        out[c] = out[c].astype(np.int64)
+    return out
+
+
+def _group_columns(table: pd.DataFrame) -> list[str]:
+    return [c for c in table.columns if c not in SCORE_COLUMNS]
+
+
+def scores_wide(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per group: ``n_images``, ``n_classes`` and a ``<metric>_<rule>`` column per score.
+
+    Args:
+        table: output of :func:`reaggregate`.
+
+    Returns:
+        DataFrame with the group columns (in the table's order), ``n_images``, ``n_classes``, then
+        float columns such as ``dice_global-micro``, ``dice_image-macro``, ... (metric-major, in the
+        order found in ``table``); groups in the table's order.
+    """
+    group_cols = _group_columns(table)
+    metrics = list(dict.fromkeys(table["metric"]))
+    rules = list(dict.fromkeys(table["aggregation"]))
+    rows = []
+    grouped = (table.groupby(group_cols, sort=False, dropna=False) if group_cols
+               else [((), table)])
+    for key, g in grouped:
+        key = key if isinstance(key, tuple) else (key,)
+        row = {c: _py(v) for c, v in zip(group_cols, key)}
+        row["n_images"] = int(g["n_images"].iloc[0])
+        row["n_classes"] = int(g["n_classes"].iloc[0])
+        vals = {(m, r): v for m, r, v in zip(g["metric"], g["aggregation"], g["value"])}
+        for m in metrics:
+            for r in rules:
+                row[f"{m}_{r}"] = float(vals.get((m, r), np.nan))
+        rows.append(row)
+    cols = [*group_cols, "n_images", "n_classes", *(f"{m}_{r}" for m in metrics for r in rules)]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def write_scores(table: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Write the long score table as ``scores.csv`` and ``scores.parquet`` in ``out_dir``.
+
+    Both files are first written to temporary files in ``out_dir`` and renamed only when both were
+    written, so an error leaves neither a partial file nor a temporary file (previous files stay).
+
+    Args:
+        table: output of :func:`reaggregate`.
+        out_dir: destination folder (created if needed).
+
+    Returns:
+        ``[out_dir / "scores.csv", out_dir / "scores.parquet"]``.
+    """
+    out_dir = Path(out_dir)
+    csv_path = out_dir / "scores.csv"
+    parquet_path = out_dir / "scores.parquet"
+    frame = table.reset_index(drop=True)
+    with atomic_path(csv_path) as tmp_csv, atomic_path(parquet_path) as tmp_parquet:
+        frame.to_csv(tmp_csv, index=False)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_parquet)
+    return [csv_path, parquet_path]
+
+
+def _fmt(v: float) -> str:
+    return "n/a" if v is None or np.isnan(v) else f"{v:.4f}"
+
+
+def render_scores_table(table: pd.DataFrame, title: str | None = None) -> Table:
+    """A :class:`rich.table.Table` of a :func:`reaggregate` result for the terminal (fits 80 columns).
+
+    One row per group x aggregation rule; columns: the group columns whose value differs between groups
+    (constant ones go to the title), ``aggregation``, ``images``, then Dice, IoU, precision and recall with
+    4 decimals (``n/a`` when undefined). A value with units excluded as undefined carries a marker
+    ``(-k)``; the caption explains it and totals the exclusions per metric.
+
+    Args:
+        table: output of :func:`reaggregate`.
+        title: optional title; defaults to ``"Scores"`` plus the constant group values.
+    """
+    group_cols = _group_columns(table)
+    wide = scores_wide(table)
+    varying = [c for c in group_cols if wide[c].nunique(dropna=False) > 1]
+    constant = [c for c in group_cols if c not in varying]
+    if title is None:
+        title = "Scores"
+        if constant and len(wide):
+            title += " (" + ", ".join(f"{c}={_py(wide[c].iloc[0])}" for c in constant) + ")"
+    metrics = list(dict.fromkeys(table["metric"]))
+    rules = list(dict.fromkeys(table["aggregation"]))
+    t = Table(title=title)
+    for c in varying:
+        t.add_column(c)
+    t.add_column("aggregation")
+    t.add_column("images", justify="right")
+    for m in metrics:
+        t.add_column(_METRIC_LABELS.get(m, m), justify="right")
+    keyed = table.set_index(group_cols + ["aggregation", "metric"]) if group_cols else \
+        table.set_index(["aggregation", "metric"])
+    for _, row in wide.iterrows():
+        gkey = tuple(row[c] for c in group_cols)
+        for r in rules:
+            cells = []
+            for m in metrics:
+                rec = keyed.loc[gkey + (r, m)]
+                cell = _fmt(float(rec["value"]))
+                if int(rec["n_excluded"]):
+                    cell += f" (-{int(rec['n_excluded'])})"
+                cells.append(cell)
+            t.add_row(*[str(_py(row[c])) for c in varying], r, str(int(row["n_images"])), *cells)
+        if len(wide) > 1:
+            t.add_section()
+    notes = []
+    for m in metrics:
+        for r in rules:
+            sel = table[(table["metric"] == m) & (table["aggregation"] == r)]
+            excl = int(sel["n_excluded"].sum())
+            if excl:
+                notes.append(f"{m}/{r} {excl} of {int(sel['n_units'].sum())}")
+    t.caption = ("(-k): k units excluded as undefined (0/0): " + "; ".join(notes)) if notes else \
+        "No unit excluded as undefined (0/0)."
+    return t

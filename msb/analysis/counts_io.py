@@ -1,0 +1,251 @@
+"""Reading and checking ``counts.parquet`` files (schema: ``docs/counts_schema.md``).
+
+:func:`read_counts` accepts any mix of files and folders, checks every file against the counts schema
+(:mod:`msb.evaluation.counts`), concatenates the rows and resolves duplicate rows:
+
+* exact duplicates (same values in every column, e.g. the same file passed twice, or a folder and a
+  file inside it) are dropped, keeping the first, and counted in the report;
+* conflicting duplicates (same key :data:`~msb.evaluation.counts.KEY_COLUMNS`, some other value
+  different) are refused with an :class:`~msb.errors.MSBError` listing the first keys and files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from msb.errors import MSBError
+# schema constants only (analysis never calls evaluation code)
+from msb.evaluation.counts import (
+    COUNT_COLUMNS,
+    COUNTS_COLUMNS,
+    COUNTS_SCHEMA_VERSION,
+    KEY_COLUMNS,
+    THRESHOLD_ON_VALUES,
+)
+
+__all__ = ["COUNTS_FILENAME", "CountsReadReport", "find_counts_files", "read_counts",
+           "read_counts_with_report"]
+
+#: File name searched for when a folder is given.
+COUNTS_FILENAME = "counts.parquet"
+
+#: How many conflicting keys an error message lists.
+_MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class CountsReadReport:
+    """What :func:`read_counts_with_report` read.
+
+    Attributes:
+        files: the count files read, in order (a file passed twice appears twice).
+        n_rows_read: rows read over all files, before dropping duplicates.
+        n_duplicates_dropped: exact duplicate rows dropped.
+        n_rows: rows returned.
+        notes: human-readable remarks for the CLI (e.g. how many duplicates were dropped).
+    """
+
+    files: tuple[Path, ...]
+    n_rows_read: int
+    n_duplicates_dropped: int
+    n_rows: int
+    notes: tuple[str, ...] = field(default=())
+
+
+def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> list[Path]:
+    """Expand files and folders into a list of count files.
+
+    Args:
+        paths: one path or a list; a file is taken as is, a folder contributes every
+            ``counts.parquet`` below it (recursively, sorted).
+
+    Returns:
+        List of file paths in argument order.
+
+    Raises:
+        MSBError: a path does not exist; a folder holds no ``counts.parquet``; no paths given.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise MSBError("no count files given; pass one or more counts.parquet files or run folders")
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.rglob(COUNTS_FILENAME))
+            found = [f for f in found if f.is_file()]
+            if not found:
+                raise MSBError(f"{p}: folder contains no {COUNTS_FILENAME} (searched recursively); "
+                               f"run the evaluator first or pass the right folder")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise MSBError(f"{p}: counts file not found; pass an existing {COUNTS_FILENAME} "
+                           f"file or a folder containing one")
+    return files
+
+
+def _read_one(path: Path) -> pd.DataFrame:
+    """Read and validate one count file; return its schema columns in schema order."""
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
+        raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); pass a "
+                       f"{COUNTS_FILENAME} written by the msb evaluator") from None
+    missing = [c for c in COUNTS_COLUMNS if c not in table.column_names]
+    if missing:
+        raise MSBError(f"{path}: not a counts file, missing columns {missing}; re-run the "
+                       f"evaluator to rewrite it with the current schema")
+    df = table.select(list(COUNTS_COLUMNS)).to_pandas()
+    for col, kind in COUNTS_COLUMNS.items():
+        s = df[col]
+        if s.isna().any():
+            i = int(np.flatnonzero(s.isna().to_numpy())[0])
+            raise MSBError(f"{path}: column {col!r} has missing values (first at row {i}); "
+                           f"re-run the evaluator")
+        ok = (pd.api.types.is_string_dtype(s) if kind == "string"
+              else pd.api.types.is_integer_dtype(s) if kind == "int64"
+              else pd.api.types.is_float_dtype(s) or pd.api.types.is_integer_dtype(s))
+        if not ok:
+            raise MSBError(f"{path}: column {col!r} has dtype {s.dtype}, expected {kind}; "
+                           f"re-run the evaluator")
+    versions = set(int(v) for v in df["schema_version"].unique())
+    newer = sorted(v for v in versions if v > COUNTS_SCHEMA_VERSION)
+    if newer:
+        raise MSBError(f"{path}: written with counts schema version {newer[0]}, this msb reads up "
+                       f"to version {COUNTS_SCHEMA_VERSION}; upgrade msb")
+    problems = _row_problems(df)
+    if problems:
+        raise MSBError(f"{path}: " + "; ".join(problems) + "; the file is corrupt or was edited, "
+                       "re-run the evaluator")
+    if df["threshold"].dtype != np.float64:
+        df["threshold"] = df["threshold"].astype(np.float64)
+    return df
+
+
+def _first_row(df: pd.DataFrame, mask: np.ndarray) -> str:
+    i = int(np.flatnonzero(mask)[0])
+    return (f"row {i} (image_id={str(df['image_id'].iloc[i])!r}, "
+            f"class_id={int(df['class_id'].iloc[i])}); {int(mask.sum())} row(s) affected")
+
+
+def _row_problems(df: pd.DataFrame) -> list[str]:
+    """Value checks of one file's rows (columns and dtypes already checked); empty list if valid."""
+    problems: list[str] = []
+    cnt = {c: df[c].to_numpy(dtype=np.int64) for c in COUNT_COLUMNS}
+    neg = np.logical_or.reduce([cnt[c] < 0 for c in COUNT_COLUMNS])
+    if neg.any():
+        cols = [c for c in COUNT_COLUMNS if (cnt[c] < 0).any()]
+        return [f"negative counts in {cols} at {_first_row(df, neg)}"]
+    tp, fp, fn, tn = cnt["tp"], cnt["fp"], cnt["fn"], cnt["tn"]
+    derived = ((cnt["intersection"] != tp) | (cnt["reference"] != tp + fn)
+               | (cnt["predicted"] != tp + fp) | (cnt["union"] != tp + fp + fn))
+    if derived.any():
+        problems.append("derived counts disagree with tp/fp/fn (need intersection = tp, reference = "
+                        "tp+fn, predicted = tp+fp, union = tp+fp+fn) at " + _first_row(df, derived))
+    h = df["height"].to_numpy(dtype=np.int64)
+    w = df["width"].to_numpy(dtype=np.int64)
+    size = (h <= 0) | (w <= 0)
+    if size.any():
+        problems.append(f"height and width must be positive at {_first_row(df, size)}")
+    total = tp + fp + fn + tn
+    bad = total != h * w
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        problems.append(f"tp+fp+fn+tn = {total[i]} differs from height*width = {h[i]}*{w[i]} = "
+                        f"{h[i] * w[i]} at {_first_row(df, bad)}")
+    on = df["threshold_on"].astype(object).to_numpy()
+    bad_on = ~np.isin(on, np.asarray(THRESHOLD_ON_VALUES, dtype=object))
+    if bad_on.any():
+        found = sorted({str(v) for v in on[bad_on]})
+        problems.append(f"threshold_on must be one of {list(THRESHOLD_ON_VALUES)}, found {found} at "
+                        + _first_row(df, bad_on))
+    bad_thr = ~np.isfinite(df["threshold"].to_numpy(dtype=np.float64))
+    if bad_thr.any():
+        problems.append(f"threshold must be finite at {_first_row(df, bad_thr)}")
+    return problems
+
+
+def _key_text(row: pd.Series) -> str:
+    def plain(v):
+        return v.item() if isinstance(v, np.generic) else v
+
+    return "(" + ", ".join(f"{k}={plain(row[k])!r}" for k in KEY_COLUMNS) + ")"
+
+
+def read_counts_with_report(
+    paths: list[str | os.PathLike] | str | os.PathLike,
+) -> tuple[pd.DataFrame, CountsReadReport]:
+    """Like :func:`read_counts` but also return a :class:`CountsReadReport`."""
+    files = find_counts_files(paths)
+    frames = []
+    for i, f in enumerate(files):
+        df = _read_one(f)
+        df["_file"] = i
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    n_read = len(df)
+
+    cols = list(COUNTS_COLUMNS)
+    exact = df.duplicated(subset=cols, keep="first").to_numpy()
+    n_dup = int(exact.sum())
+    if n_dup:
+        df = df.loc[~exact].reset_index(drop=True)
+
+    conflict = df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy()
+    if conflict.any():
+        bad = df.loc[conflict]
+        n_keys = int(bad.drop_duplicates(subset=list(KEY_COLUMNS)).shape[0])
+        lines = []
+        for _, grp in list(bad.groupby(list(KEY_COLUMNS), sort=False))[:_MAX_LISTED]:
+            first = grp.iloc[0]
+            differing = [c for c in cols if grp[c].nunique(dropna=False) > 1]
+            where = sorted({str(files[int(j)]) for j in grp["_file"]})
+            lines.append(f"{_key_text(first)} differs in {differing} across {where}")
+        raise MSBError(
+            f"conflicting duplicate count rows: {n_keys} key(s) appear more than once with different "
+            f"values (key = {list(KEY_COLUMNS)}); first: " + "; ".join(lines)
+            + ". Pass each evaluation once, or remove the stale counts file")
+
+    df = df.drop(columns="_file").reset_index(drop=True)
+    notes = ()
+    if n_dup:
+        notes = (f"dropped {n_dup} exact duplicate row(s) (same values in every column)",)
+    report = CountsReadReport(files=tuple(files), n_rows_read=n_read, n_duplicates_dropped=n_dup,
+                              n_rows=len(df), notes=notes)
+    return df, report
+
+
+def read_counts(paths: list[str | os.PathLike] | str | os.PathLike) -> pd.DataFrame:
+    """Read one or many ``counts.parquet`` files into one validated DataFrame.
+
+    Args:
+        paths: files and/or folders (a folder contributes every ``counts.parquet`` below it,
+            recursively); a single path is accepted too.
+
+    Returns:
+        DataFrame with exactly the columns of :data:`~msb.evaluation.counts.COUNTS_COLUMNS` in schema
+        order (strings as pandas string dtype, ints ``int64``, ``threshold`` ``float64``), exact
+        duplicate rows dropped. ``df.attrs["n_duplicates_dropped"]`` (int) and ``df.attrs["files"]``
+        (list of str) report what was read; :func:`read_counts_with_report` returns the same as a
+        :class:`CountsReadReport`.
+
+    Raises:
+        MSBError: naming the file (and for row problems the row position, ``image_id`` and
+            ``class_id``): path not found; folder without count files; file not readable as Parquet;
+            missing columns (listed); missing values or wrong dtypes; negative counts; derived counts
+            inconsistent; ``tp + fp + fn + tn != height * width``; unknown ``threshold_on``; newer
+            schema version; conflicting duplicate keys (first keys and files listed).
+    """
+    df, report = read_counts_with_report(paths)
+    df.attrs["n_duplicates_dropped"] = report.n_duplicates_dropped
+    df.attrs["files"] = [str(f) for f in report.files]
+    return df

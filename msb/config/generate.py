@@ -1,0 +1,135 @@
+"""Study -> explicit run configs (``msb generate``).
+
+A study file names datasets x architectures and overrides::
+
+    study: kvasir_unet_cpu
+    datasets: [kvasir_seg]          # configs/datasets/kvasir_seg.yaml
+    architectures: [unet_r18]       # configs/architectures/unet_r18.yaml
+    overrides: {train: {epochs: 9}}  # applied last
+
+Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> study ``overrides`` (deep merge, later
+wins). The configs root is ``configs_root`` if given (relative to the study file), else the nearest folder
+above the study file that holds ``global.yaml``. Each run config is validated with
+:class:`msb.config.schema.RunConfig` and hashed: SHA-256 of the canonical JSON of the validated config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from pydantic import Field
+
+from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
+from msb.config.schema import RunConfig, StrictModel
+from msb.errors import MSBError
+from msb.utils.atomic import atomic_write_text
+from msb.utils.hashing import sha256_json
+
+__all__ = ["StudySpec", "GeneratedRun", "load_study", "generate_runs", "write_run_config", "config_hash",
+           "run_config_to_yaml"]
+
+
+class StudySpec(StrictModel):
+    """Schema of a study file (see module docstring)."""
+
+    study: str
+    configs_root: Optional[str] = None
+    run_root: Optional[str] = None
+    datasets: list[str] = Field(min_length=1)
+    architectures: list[str] = Field(min_length=1)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GeneratedRun:
+    """One generated run: ``run_id`` = ``<dataset>-<arch>-<first 8 hex of config_hash>``."""
+
+    run_id: str
+    config: RunConfig
+    config_hash: str
+    dataset: str
+    architecture: str
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """SHA-256 (hex) of the canonical JSON (sorted keys, compact) of ``cfg.model_dump(mode='json')``, without
+    ``run_root`` (where a run is stored does not change what it computes)."""
+    data = cfg.model_dump(mode="json")
+    data.pop("run_root", None)
+    return sha256_json(data)
+
+
+def run_config_to_yaml(cfg: RunConfig) -> str:
+    """Explicit YAML of a run config (every key, defaults included)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def _find_configs_root(study_path: Path, explicit: str | None) -> Path:
+    if explicit is not None:
+        root = (study_path.parent / explicit).resolve()
+        if not (root / "global.yaml").is_file():
+            raise MSBError(f"{study_path}: configs_root '{explicit}' has no global.yaml ({root})")
+        return root
+    for folder in [study_path.parent, *study_path.parent.parents]:
+        if (folder / "global.yaml").is_file():
+            return folder
+    raise MSBError(f"{study_path}: no global.yaml found in this folder or above; set 'configs_root' in the study")
+
+
+def load_study(path: str | Path) -> tuple[StudySpec, Path]:
+    """Read and validate a study file. Returns the spec and the configs root. Raises :class:`MSBError`."""
+    path = Path(path).resolve()
+    layer = load_layer(path)
+    spec = validate_layers(layer.data, StudySpec, layer.provenance, str(path))
+    return spec, _find_configs_root(path, spec.configs_root)  # type: ignore[return-value]
+
+
+def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
+    """Merge the layers for every dataset x architecture of the study and validate each run config.
+
+    Raises:
+        MSBError: a missing layer file, bad YAML, an unknown key (naming its file and the closest valid key),
+            a value of the wrong type, or two runs with the same id.
+    """
+    study_path = Path(study_path).resolve()
+    spec, root = load_study(study_path)
+    glob = load_layer(root / "global.yaml")
+    check_keys(glob.data, RunConfig, str(root / "global.yaml"), glob.provenance)
+    runs: list[GeneratedRun] = []
+    for ds in spec.datasets:
+        ds_layer = load_layer(root / "datasets" / f"{ds}.yaml")
+        check_keys(ds_layer.data, RunConfig, str(root / "datasets" / f"{ds}.yaml"), ds_layer.provenance)
+        for arch in spec.architectures:
+            arch_layer = load_layer(root / "architectures" / f"{arch}.yaml")
+            check_keys(arch_layer.data, RunConfig, str(root / "architectures" / f"{arch}.yaml"),
+                       arch_layer.provenance)
+            prov: Provenance = dict(glob.provenance)
+            merged = deep_merge({}, glob.data)
+            for layer in (ds_layer, arch_layer):
+                prov.update(layer.provenance)
+                merged = deep_merge(merged, layer.data)
+            merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
+            merged["study"] = spec.study
+            if spec.run_root is not None:
+                merged["run_root"] = spec.run_root
+            cfg = validate_layers(merged, RunConfig, prov, str(study_path))
+            h = config_hash(cfg)  # type: ignore[arg-type]
+            runs.append(GeneratedRun(f"{ds}-{arch}-{h[:8]}", cfg, h, ds, arch))  # type: ignore[arg-type]
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise MSBError(f"{study_path}: two runs share one id; list each dataset and architecture once")
+    return runs
+
+
+def write_run_config(run: GeneratedRun, run_dir: str | Path) -> None:
+    """Write ``config.yaml`` and ``config.sha256`` into ``run_dir`` (atomically). If a ``config.sha256`` is
+    already there with another hash, raise :class:`MSBError` (the folder belongs to a different config)."""
+    run_dir = Path(run_dir)
+    existing = run_dir / "config.sha256"
+    if existing.is_file() and existing.read_text().strip() != run.config_hash:
+        raise MSBError(f"{run_dir}: holds a run with another config hash; use another run_root or delete it")
+    atomic_write_text(run_dir / "config.yaml", run_config_to_yaml(run.config))
+    atomic_write_text(existing, run.config_hash + "\n")

@@ -1,0 +1,207 @@
+"""Pydantic schema of one explicit run config (the output of ``msb generate``).
+
+Every model forbids unknown keys; :mod:`msb.config.layering` checks keys per source file first so that the
+error names the file, the key and the closest valid key. See ``docs/config_reference.md`` for every key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from msb.config.metrics_schema import MetricsConfig
+
+__all__ = [
+    "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
+    "SchedulerConfig", "LossConfig", "GradClipConfig", "AugmentConfig", "EarlyStoppingConfig", "TrainConfig",
+    "CheckpointConfig", "EvaluationConfig", "RunConfig",
+]
+
+
+class StrictModel(BaseModel):
+    """Base class: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PrepareConfig(StrictModel):
+    """How to create the prepared dataset when ``data.root`` does not exist yet.
+
+    ``converter`` is a name from ``msb.data.converters.CONVERTERS`` (``synthetic``, ``kvasir-seg``, ``folder``);
+    ``source`` is the raw dataset folder (ignored by ``synthetic``); ``options`` are passed to the converter.
+    """
+
+    converter: str
+    source: Optional[str] = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SplitConfig(StrictModel):
+    """Train/val/test split policy.
+
+    ``fixed`` uses the ``split`` column of ``index.csv``; ``random`` draws a seeded split (group-aware when
+    ``group_column`` names a non-empty column). The split used is written to the run folder as ``split.csv``.
+    """
+
+    mode: Literal["fixed", "random"] = "random"
+    val_fraction: float = Field(0.1, gt=0, lt=1)
+    test_fraction: float = Field(0.1, gt=0, lt=1)
+    seed: int = 0
+    group_column: Optional[str] = "group"
+
+
+class DataConfig(StrictModel):
+    """Dataset and preprocessing.
+
+    ``input_size`` is (height, width) in pixels; images are resized bilinearly (``cv2.INTER_AREA`` when
+    shrinking) and masks with nearest neighbour, once, into the preprocessing cache.
+    ``max_samples_per_split`` keeps only the first N samples (by ``sample_id``) of each split: for smoke
+    tests, never for reported results.
+    """
+
+    name: str
+    root: str
+    prepare: Optional[PrepareConfig] = None
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    input_size: tuple[int, int] = (128, 128)
+    max_samples_per_split: Optional[int] = Field(None, gt=0)
+    num_workers: int = Field(0, ge=0)
+    cache_dir: Optional[str] = None
+    normalize_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    normalize_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+    @field_validator("input_size")
+    @classmethod
+    def _positive_size(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] <= 0 or v[1] <= 0:
+            raise ValueError("input_size must be two positive integers (height, width)")
+        return v
+
+
+class ModelConfig(StrictModel):
+    """Architecture: ``arch`` is a registry name (``msb.models.available_architectures()``).
+
+    ``encoder_weights`` is ``None`` (random init, the default: nothing is ever downloaded) or a path to a local
+    ``.pth``/``.pt``/``.safetensors`` state dict of the encoder. ``params`` go to the adapter's constructor.
+    """
+
+    arch: str
+    encoder: Optional[str] = None
+    encoder_weights: Optional[str] = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimizerConfig(StrictModel):
+    """Optimizer (``torch.optim.AdamW`` or ``Adam``); ``lr`` is the base learning rate."""
+
+    name: Literal["adamw", "adam", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(1e-4, ge=0)
+    momentum: float = Field(0.9, ge=0)
+
+
+class SchedulerConfig(StrictModel):
+    """Learning-rate schedule, stepped once per epoch: ``none``, ``cosine`` (to 0 over the epochs), ``step``."""
+
+    name: Literal["none", "cosine", "step"] = "none"
+    step_size: int = Field(10, gt=0)
+    gamma: float = Field(0.1, gt=0)
+
+
+class LossConfig(StrictModel):
+    """Loss. ``structure`` = weighted BCE + weighted IoU with weight 1 + 5·|avgpool31(y) − y| (Wei et al.,
+    F3Net, AAAI 2020; PraNet). ``bce_weighting``: ``weighted`` applies the weight to BCE as published;
+    ``reference`` reproduces the reference scripts (plain mean BCE, see docs)."""
+
+    name: Literal["structure", "bce", "dice_bce"] = "structure"
+    bce_weighting: Literal["weighted", "reference"] = "weighted"
+
+
+class GradClipConfig(StrictModel):
+    """Gradient clipping: ``norm`` (total L2 norm, ``clip_grad_norm_``) or ``value`` (element-wise clamp, as
+    PraNet's ``clip_gradient``); ``max`` <= 0 disables it."""
+
+    mode: Literal["norm", "value", "none"] = "norm"
+    max: float = 1.0
+
+
+class AugmentConfig(StrictModel):
+    """Training augmentation (albumentations), probabilities in [0, 1]."""
+
+    hflip: float = Field(0.5, ge=0, le=1)
+    vflip: float = Field(0.5, ge=0, le=1)
+    rotate90: float = Field(0.0, ge=0, le=1)
+    brightness_contrast: float = Field(0.0, ge=0, le=1)
+
+
+class EarlyStoppingConfig(StrictModel):
+    """Stop when the selection metric has not improved by ``min_delta`` for ``patience`` epochs."""
+
+    patience: int = Field(10, gt=0)
+    min_delta: float = Field(0.0, ge=0)
+
+
+class TrainConfig(StrictModel):
+    """Training loop settings. ``amp``: ``auto`` = on for CUDA, off on CPU."""
+
+    epochs: int = Field(10, gt=0)
+    batch_size: int = Field(8, gt=0)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    grad_clip: GradClipConfig = Field(default_factory=GradClipConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    amp: Literal["auto", "on", "off"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class CheckpointConfig(StrictModel):
+    """Checkpoint policy: ``best`` is selected on ``selection_split`` (never ``test``) by ``metric``
+    (image-macro Dice or IoU at the evaluation threshold, on the training resolution)."""
+
+    metric: Literal["dice", "iou", "loss"] = "dice"
+    selection_split: str = "val"
+    save: list[Literal["best", "latest"]] = Field(default_factory=lambda: ["best", "latest"])
+
+    @field_validator("selection_split")
+    @classmethod
+    def _no_test_selection(cls, v: str) -> str:
+        if v.strip().lower() == "test":
+            raise ValueError("selecting a checkpoint on the split named 'test' leaks the test set; use 'val'")
+        return v
+
+
+class EvaluationConfig(StrictModel):
+    """Final evaluation: logits are upsampled bilinearly to each image's native size, then
+    ``sigmoid(logits) >= threshold`` (``threshold_on: probability``) or ``logits >= threshold``
+    (``threshold_on: logit``)."""
+
+    checkpoint: Literal["best", "latest", "both"] = "best"
+    split: str = "test"
+    threshold: float = 0.5
+    threshold_on: Literal["probability", "logit"] = "probability"
+    save_probabilities: bool = True
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    compute_metrics: bool = True
+
+
+class RunConfig(StrictModel):
+    """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``."""
+
+    study: str = "default"
+    run_root: str = "runs"
+    random_seed: int = 0
+    full_determinism: bool = False
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+
+    @model_validator(mode="after")
+    def _threshold_range(self) -> "RunConfig":
+        if self.evaluation.threshold_on == "probability" and not 0.0 < self.evaluation.threshold < 1.0:
+            raise ValueError("evaluation.threshold must lie in (0, 1) when threshold_on is 'probability'")
+        return self

@@ -1,0 +1,185 @@
+"""Dataset converters: raw download folder -> prepared dataset (``index.csv`` + ``classes.csv`` + files).
+
+Registry :data:`CONVERTERS` maps a converter name to a callable ``f(source, out, **options) ->
+ConversionReport``. :func:`prepare_dataset` is the entry point used by ``msb data prepare NAME --source DIR``.
+
+All converters build the dataset in a hidden temporary folder beside ``out`` (see :func:`staged_output`) and
+rename it onto ``out`` only after the result has been validated with
+:func:`msb.data.schema.load_prepared_dataset`; on any error the temporary folder is deleted, so no partial
+dataset is ever left behind. An existing non-empty ``out`` is only replaced with ``overwrite=True``.
+
+Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder`), ``synthetic``
+(:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored). Names are case-insensitive and ``_``
+is accepted for ``-``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from msb.errors import MSBError
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion produced.
+
+    Attributes:
+        n_samples: number of samples written to ``index.csv``.
+        n_changed_mask_pixels: mask pixels whose written value differs from the source value (binarisation of
+            lossy masks); 0 when masks were copied unchanged.
+        notes: human-readable remarks (threshold used, skipped files, dataset pitfalls).
+        out: the prepared dataset folder (absolute).
+        name: converter name.
+        n_mask_pixels: total number of mask pixels processed (denominator for ``n_changed_mask_pixels``).
+    """
+
+    n_samples: int
+    n_changed_mask_pixels: int
+    notes: list[str] = field(default_factory=list)
+    out: Path | None = None
+    name: str = ""
+    n_mask_pixels: int = 0
+
+    def summary(self) -> str:
+        """One paragraph for the CLI: samples, destination, changed pixels (count and %), then the notes."""
+        lines = [f"Prepared {self.n_samples} sample(s)" + (f" ({self.name})" if self.name else "")
+                 + (f" in {self.out}" if self.out is not None else "") + "."]
+        if self.n_mask_pixels:
+            pct = 100.0 * self.n_changed_mask_pixels / self.n_mask_pixels
+            lines.append(f"Mask binarisation changed {self.n_changed_mask_pixels:,} of {self.n_mask_pixels:,} mask "
+                         f"pixels ({pct:.3f} %).")
+        else:
+            lines.append(f"Mask pixels changed: {self.n_changed_mask_pixels:,}.")
+        lines += [f"- {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _check_no_overlap(source: Path | None, out: Path) -> None:
+    if source is None:
+        return
+    s, o = source.resolve(), out.resolve()
+    if s == o or o in s.parents or s in o.parents:
+        raise MSBError(f"output folder {o} and source folder {s} overlap; write the prepared dataset to a separate "
+                       f"folder (e.g. datasets/<name>).")
+
+
+@contextlib.contextmanager
+def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str | os.PathLike | None = None
+                  ) -> Iterator[Path]:
+    """Build a folder in a temporary sibling of ``out`` and move it onto ``out`` on success.
+
+    Args:
+        out: final dataset folder.
+        overwrite: replace an existing non-empty ``out``; otherwise that is an error.
+        source: the source folder, if any; ``out`` must not overlap it (so ``overwrite`` can never delete the
+            source).
+
+    Yields:
+        The temporary folder (``<parent>/.<name>.tmp-XXXX``) to write into.
+
+    Raises:
+        MSBError: ``out`` is a file, is non-empty without ``overwrite``, or overlaps ``source``. Any exception in
+            the body deletes the temporary folder and propagates.
+    """
+    out = Path(out).expanduser().absolute()
+    _check_no_overlap(Path(source) if source is not None else None, out)
+    if out.exists() and not out.is_dir():
+        raise MSBError(f"output {out} exists and is not a folder; choose another output folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise MSBError(f"output folder {out} already exists and is not empty; pass overwrite=True (--overwrite) "
+                       f"to replace it, or choose another output folder.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old / out.name, out)
+                shutil.rmtree(old, ignore_errors=True)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _synthetic(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any) -> ConversionReport:
+    """Converter wrapper for :func:`msb.data.synth.make_synthetic_dataset` (``source`` is ignored)."""
+    from msb.data.synth import make_synthetic_dataset
+
+    return make_synthetic_dataset(out, **options)
+
+
+def _normalise(name: str) -> str:
+    return str(name).strip().lower().replace("_", "-")
+
+
+def _options_of(fn: Callable[..., Any]) -> list[str]:
+    if fn is _synthetic:
+        from msb.data.synth import make_synthetic_dataset
+
+        fn = make_synthetic_dataset
+        skip = {"out"}
+    else:
+        skip = {"source", "out"}
+    sig = inspect.signature(fn)
+    return [p for p, v in sig.parameters.items()
+            if p not in skip and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)]
+
+
+def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.PathLike, **options: Any
+                    ) -> ConversionReport:
+    """Run the converter ``name`` on ``source``, writing a prepared dataset to ``out``.
+
+    Args:
+        name: a key of :data:`CONVERTERS` (case-insensitive, ``_`` = ``-``).
+        source: the raw dataset folder (ignored by ``synthetic``).
+        out: destination folder (convention: ``datasets/<name>``).
+        **options: converter options (e.g. ``limit=5``, ``overwrite=True``, ``mask_suffix="_mask"``).
+
+    Returns:
+        The :class:`ConversionReport`.
+
+    Raises:
+        MSBError: unknown converter name (listing the valid names), unknown option (listing the valid ones),
+            missing source, or any error of the converter.
+    """
+    key = _normalise(name)
+    if key not in CONVERTERS:
+        raise MSBError(f"unknown dataset converter {name!r}; valid names: {', '.join(sorted(CONVERTERS))}.")
+    fn = CONVERTERS[key]
+    valid = _options_of(fn)
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise MSBError(f"unknown option(s) {unknown} for converter {key!r}; valid options: {', '.join(valid)}.")
+    if key != "synthetic" and source is None:
+        raise MSBError(f"converter {key!r} needs a source folder (--source DIR).")
+    return fn(source, out, **options)
+
+
+from msb.data.converters.folder import convert_folder  # noqa: E402
+from msb.data.converters.kvasir_seg import convert_kvasir_seg  # noqa: E402
+
+#: converter name -> callable(source, out, **options) -> ConversionReport
+CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
+    "kvasir-seg": convert_kvasir_seg,
+    "folder": convert_folder,
+    "synthetic": _synthetic,
+}
+
+__all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",
+           "convert_kvasir_seg"]

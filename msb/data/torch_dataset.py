@@ -1,0 +1,72 @@
+"""PyTorch ``Dataset`` over the preprocessing cache, with albumentations augmentation for training."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import albumentations as A
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from msb.data.cache import CachedArrays
+
+__all__ = ["SegmentationDataset", "build_augmentation"]
+
+
+def build_augmentation(hflip: float = 0.0, vflip: float = 0.0, rotate90: float = 0.0,
+                       brightness_contrast: float = 0.0, seed: int = 0) -> A.Compose | None:
+    """Albumentations pipeline from probabilities (each in [0, 1]); ``None`` when all are 0.
+
+    ``RandomRotate90`` is applied only to square inputs (it would swap H and W otherwise)."""
+    ops: list[A.BasicTransform] = []
+    if hflip > 0:
+        ops.append(A.HorizontalFlip(p=hflip))
+    if vflip > 0:
+        ops.append(A.VerticalFlip(p=vflip))
+    if rotate90 > 0:
+        ops.append(A.RandomRotate90(p=rotate90))
+    if brightness_contrast > 0:
+        ops.append(A.RandomBrightnessContrast(p=brightness_contrast))
+    if not ops:
+        return None
+    return A.Compose(ops, seed=seed)
+
+
+class SegmentationDataset(Dataset):
+    """Samples of one split, read from the cache.
+
+    ``__getitem__`` returns ``(image, mask, index)``: image float32 (3, H, W) normalised with ``mean``/``std``
+    (ImageNet defaults), mask float32 (C, H, W) in {0, 1}, and the position in ``sample_ids``.
+    """
+
+    def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
+                 std: Sequence[float], augment: A.Compose | None = None) -> None:
+        row_of = cache.row_of
+        self.rows = np.array([row_of[s] for s in sample_ids], dtype=np.int64)
+        self.sample_ids = list(sample_ids)
+        self.images = cache.images
+        self.masks = cache.masks
+        self.augment = augment
+        self.mean = (np.asarray(mean, dtype=np.float32) * 255.0).reshape(1, 1, 3)
+        self.inv_std = (1.0 / (np.asarray(std, dtype=np.float32) * 255.0)).reshape(1, 1, 3)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch_seed(self, seed: int) -> None:
+        """Reseed the augmentation so each epoch's draws depend only on (run seed, epoch)."""
+        if self.augment is not None:
+            self.augment.set_random_seed(seed)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        r = self.rows[i]
+        img = np.asarray(self.images[r])
+        mask = np.asarray(self.masks[r]).transpose(1, 2, 0)  # (H, W, C)
+        if self.augment is not None:
+            out = self.augment(image=img, mask=mask)
+            img, mask = out["image"], out["mask"]
+        x = (img.astype(np.float32) - self.mean) * self.inv_std
+        x_t = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+        y_t = torch.from_numpy(mask.transpose(2, 0, 1).astype(np.float32))
+        return x_t, y_t, i

@@ -1,0 +1,202 @@
+"""``msb run``: generate -> prepare data -> split -> train -> evaluate -> re-aggregate, for every run of a
+study, resumable.
+
+Each run lives in ``<run_root>/<study>/<run_id>/``. A rerun of the same study skips what is done: a run whose
+resume state says ``finished`` is not trained again, an evaluation whose ``counts.parquet`` exists for the same
+checkpoint SHA-256 is not repeated; a half-finished training continues from its last finished epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import pandas as pd
+
+from msb.config.generate import GeneratedRun, generate_runs, write_run_config
+from msb.config.schema import RunConfig
+from msb.data.cache import build_cache
+from msb.data.converters import prepare_dataset
+from msb.data.schema import PreparedDataset, load_prepared_dataset
+from msb.data.splits import read_split_file, resolve_splits, write_split_file
+from msb.data.torch_dataset import SegmentationDataset, build_augmentation
+from msb.engine.determinism import seed_everything
+from msb.engine.trainer import Trainer, TrainResult
+from msb.errors import MSBError
+from msb.models.checkpoint import read_records
+from msb.models.registry import build_model
+from msb.utils.atomic import atomic_write_text
+from msb.utils.device import select_device
+from msb.utils.hashing import sha256_file
+
+__all__ = ["RunOutcome", "ensure_dataset", "ensure_split", "train_run", "evaluate_run", "run_study",
+           "write_manifest", "study_dir"]
+
+T = TypeVar("T")
+Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
+Logger = Callable[[str], None]
+
+
+def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
+    return iter(it)
+
+
+def _no_log(msg: str) -> None:
+    pass
+
+
+@dataclass
+class RunOutcome:
+    """What one run of a study produced."""
+
+    run_id: str
+    run_dir: Path
+    train: TrainResult | None = None
+    counts_paths: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def study_dir(cfg: RunConfig) -> Path:
+    """``<run_root>/<study>``."""
+    return Path(cfg.run_root) / cfg.study
+
+
+def ensure_dataset(cfg: RunConfig, log: Logger = _no_log) -> PreparedDataset:
+    """Load the prepared dataset at ``data.root``, preparing it first with ``data.prepare`` when absent.
+
+    Raises:
+        MSBError: no ``index.csv`` and no ``data.prepare``; or any validation error of the dataset.
+    """
+    root = Path(cfg.data.root)
+    if not (root / "index.csv").is_file():
+        if cfg.data.prepare is None:
+            raise MSBError(f"data.root '{root}' holds no index.csv; prepare it with "
+                           f"'msb data prepare NAME --source DIR --out {root}' or add data.prepare to the dataset config")
+        p = cfg.data.prepare
+        log(f"preparing dataset '{cfg.data.name}' with converter '{p.converter}' into {root}")
+        report = prepare_dataset(p.converter, p.source, root, **p.options)
+        log(report.summary())
+    return load_prepared_dataset(root)
+
+
+def ensure_split(cfg: RunConfig, ds: PreparedDataset, run_dir: Path) -> pd.Series:
+    """Return the run's split (``sample_id`` -> split), writing ``split.csv`` on first use and reusing it on
+    resume so a continued run never sees a different split."""
+    path = run_dir / "split.csv"
+    if path.is_file():
+        return read_split_file(path)
+    s = cfg.data.split
+    splits = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column)
+    write_split_file(path, splits)
+    return splits
+
+
+def _ids(splits: pd.Series, name: str, limit: int | None) -> list[str]:
+    ids = sorted(str(k) for k, v in splits.items() if v == name)
+    return ids[:limit] if limit else ids
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("msb", "torch", "torchvision", "segmentation-models-pytorch", "timm", "numpy", "albumentations"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def write_manifest(run_dir: Path, run: GeneratedRun, device: str) -> None:
+    """``manifest.json``: binds results to config hash, split-file hash, checkpoint SHA-256s, package
+    versions and device."""
+    records = read_records(run_dir)
+    split_path = run_dir / "split.csv"
+    manifest: dict[str, Any] = {
+        "run_id": run.run_id, "study": run.config.study, "config_hash": run.config_hash,
+        "split_sha256": sha256_file(split_path) if split_path.is_file() else None,
+        "checkpoints": {k: {"sha256": v.sha256, "epoch": v.epoch, "metric": v.metric, "value": v.value,
+                            "selection_split": v.selection_split} for k, v in records.items()},
+        "versions": _versions(), "device": device, "platform": platform.platform(),
+    }
+    atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
+
+
+def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Tracker = _no_track,
+              log: Logger = _no_log, stop_after_epoch: int | None = None) -> TrainResult:
+    """Train (or resume) one run in ``run_dir``. Raises :class:`MSBError` on an empty train/selection split."""
+    cfg = run.config
+    write_run_config(run, run_dir)
+    splits = ensure_split(cfg, ds, run_dir)
+    lim = cfg.data.max_samples_per_split
+    train_ids = _ids(splits, "train", lim)
+    val_ids = _ids(splits, cfg.checkpoint.selection_split, lim)
+    for name, ids in (("train", train_ids), (cfg.checkpoint.selection_split, val_ids)):
+        if not ids:
+            raise MSBError(f"{run_dir / 'split.csv'}: split '{name}' is empty; change data.split fractions")
+    cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
+    a = cfg.train.augment
+    aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,
+                             a.brightness_contrast, seed=cfg.random_seed)
+    train_ds = SegmentationDataset(cache, train_ids, cfg.data.normalize_mean, cfg.data.normalize_std, aug)
+    val_ds = SegmentationDataset(cache, val_ids, cfg.data.normalize_mean, cfg.data.normalize_std)
+    seed_everything(cfg.random_seed)  # the initial weights depend on the run seed only
+    model = build_model(cfg.model, len(ds.foreground_classes))
+    trainer = Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log)
+    log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
+        f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}")
+    return trainer.fit(stop_after_epoch=stop_after_epoch)
+
+
+def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = None, track: Tracker = _no_track,
+                 log: Logger = _no_log, force: bool = False) -> list[Path]:
+    """Evaluate checkpoints ``roles`` of a trained run folder (reads ``config.yaml``; skips a role whose
+    counts already exist for the same checkpoint SHA-256 unless ``force``). Returns the counts paths."""
+    from msb.evaluation.evaluator import evaluate_checkpoint
+    from msb.config.layering import load_yaml
+
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
+    cfg = RunConfig.model_validate(load_yaml(cfg_path))
+    config_hash = (run_dir / "config.sha256").read_text().strip()
+    ds = ds or ensure_dataset(cfg, log)
+    records = read_records(run_dir)
+    out = []
+    for role in roles:
+        counts = run_dir / "evaluation" / role / "counts.parquet"
+        done = run_dir / "evaluation" / role / "DONE"
+        if not force and done.is_file() and role in records and done.read_text().strip() == records[role].sha256:
+            log(f"[{run_dir.name}] evaluation of '{role}' already done, skipped")
+            out.append(counts)
+            continue
+        res = evaluate_checkpoint(run_dir, cfg, ds, role, run_dir.name, config_hash, track=track)
+        atomic_write_text(done, records[role].sha256)
+        log(f"[{run_dir.name}] evaluated '{role}' on {res.n_images} '{cfg.evaluation.split}' images -> {res.counts_path}")
+        out.append(res.counts_path)
+    return out
+
+
+def run_study(study_path: str | Path, track: Tracker = _no_track, log: Logger = _no_log,
+              run_root: str | None = None) -> list[RunOutcome]:
+    """Run every run of a study (see module docstring). Returns one :class:`RunOutcome` per run."""
+    runs = generate_runs(study_path)
+    outcomes = []
+    for run in runs:
+        cfg = run.config
+        if run_root is not None:
+            cfg = cfg.model_copy(update={"run_root": run_root})
+            run = GeneratedRun(run.run_id, cfg, run.config_hash, run.dataset, run.architecture)
+        run_dir = study_dir(cfg) / run.run_id
+        ds = ensure_dataset(cfg, log)
+        result = train_run(run, run_dir, ds, track, log)
+        roles = ["best", "latest"] if cfg.evaluation.checkpoint == "both" else [cfg.evaluation.checkpoint]
+        paths = evaluate_run(run_dir, roles, ds, track, log)
+        write_manifest(run_dir, run, str(select_device(cfg.train.device)))
+        outcomes.append(RunOutcome(run.run_id, run_dir, result, paths))
+    return outcomes

@@ -1,0 +1,272 @@
+"""The resumable trainer.
+
+One epoch = shuffle (seeded by :func:`~msb.engine.determinism.epoch_seed`), forward, loss summed over all
+outputs (deep supervision), backward, gradient clipping, optimizer step; then validation on the selection
+split at the training resolution (image-macro Dice/IoU of ``sigmoid(logits) >= threshold``), scheduler step,
+checkpointing and early stopping. At the end of every epoch the full resume state (model, optimizer,
+scheduler, AMP scaler, early-stopping state, best value, RNG states, history) is written atomically, so an
+interrupted run continues from the last finished epoch; with ``full_determinism`` on CPU the resumed run ends
+with bitwise the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from msb.config.schema import RunConfig
+from msb.data.torch_dataset import SegmentationDataset
+from msb.models.checkpoint import load_state, save_checkpoint, save_state
+from msb.engine.determinism import epoch_seed, get_rng_state, seed_everything, set_full_determinism, set_rng_state
+from msb.engine.losses import multi_output_loss
+from msb.evaluation.counts import compute_confusion_counts
+from msb.models.base import Segmentor
+from msb.utils.atomic import atomic_write_text
+from msb.utils.device import select_device
+
+__all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
+
+T = TypeVar("T")
+Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
+
+
+def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
+    return iter(it)
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD from ``cfg.train.optimizer``."""
+    o = cfg.train.optimizer
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=True)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """Per-epoch schedule from ``cfg.train.scheduler`` (``none`` = constant)."""
+    s = cfg.train.scheduler
+    if s.name == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
+    if s.name == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=s.step_size, gamma=s.gamma)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda _e: 1.0)
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :meth:`Trainer.fit`. ``history`` has one dict per finished epoch (``train_log.csv``)."""
+
+    epochs_done: int
+    best_epoch: int
+    best_value: float
+    stopped_early: bool
+    finished: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    """Train one run folder's model (see module docstring).
+
+    Args:
+        cfg: the run config.
+        run_dir: the run folder (checkpoints/, state/, train_log.csv are written there).
+        model: a :class:`Segmentor`.
+        train_ds, val_ds: datasets of the training and selection splits.
+        config_hash: stored in each checkpoint.
+        track: progress wrapper ``track(iterable, description, total)``.
+        log: receives one summary line per epoch.
+    """
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, model: Segmentor, train_ds: SegmentationDataset,
+                 val_ds: SegmentationDataset, config_hash: str = "", track: Tracker = _no_track,
+                 log: Callable[[str], None] = lambda _m: None) -> None:
+        self.cfg, self.run_dir, self.model, self.log = cfg, Path(run_dir), model, log
+        self.train_ds, self.val_ds, self.config_hash, self.track = train_ds, val_ds, config_hash, track
+        self.device = select_device(cfg.train.device)
+        self.use_amp = self.device.type == "cuda" and cfg.train.amp != "off"
+        self.model.to(self.device)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
+        self.maximize = cfg.checkpoint.metric != "loss"
+
+    # --- one epoch -------------------------------------------------------------------------------------
+    def _train_epoch(self, epoch: int, seed: int) -> tuple[float, int]:
+        cfg = self.cfg
+        self.train_ds.set_epoch_seed(seed)
+        gen = torch.Generator().manual_seed(seed)
+        n = len(self.train_ds)
+        bs = cfg.train.batch_size
+        loader = DataLoader(self.train_ds, batch_size=bs, shuffle=True, generator=gen,
+                            num_workers=cfg.data.num_workers, drop_last=(n % bs == 1 and n > 1),
+                            pin_memory=self.device.type == "cuda")
+        self.model.train()
+        clip = cfg.train.grad_clip
+        total, seen = 0.0, 0
+        for x, y, _ in self.track(loader, f"epoch {epoch + 1}/{cfg.train.epochs}", len(loader)):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
+                outputs = self.model(x)
+            loss = multi_output_loss([o.float() for o in outputs], y, cfg.train.loss.name,
+                                     cfg.train.loss.bce_weighting)
+            self.scaler.scale(loss).backward()
+            if clip.mode != "none" and clip.max > 0:
+                self.scaler.unscale_(self.optimizer)
+                if clip.mode == "norm":
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip.max)
+                else:
+                    torch.nn.utils.clip_grad_value_(self.model.parameters(), clip.max)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            total += float(loss.detach()) * x.shape[0]
+            seen += x.shape[0]
+        return total / max(seen, 1), seen
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Loss and image-macro Dice/IoU on the selection split at training resolution.
+
+        Images whose reference and prediction are both empty have undefined Dice/IoU and are excluded
+        (the same rule as ``msb reaggregate``); if every image is excluded the value is NaN."""
+        self.model.eval()
+        loader = DataLoader(self.val_ds, batch_size=self.cfg.train.batch_size, shuffle=False,
+                            num_workers=self.cfg.data.num_workers)
+        thr, on = self.cfg.evaluation.threshold, self.cfg.evaluation.threshold_on
+        losses, tps, fps, fns = [], [], [], []
+        for x, y, _ in loader:
+            x, y = x.to(self.device), y.to(self.device)
+            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
+                outputs = self.model(x)
+            outputs = [o.float() for o in outputs]
+            losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
+                                                  self.cfg.train.loss.bce_weighting)) * x.shape[0])
+            logits = self.model.combine(outputs, tuple(y.shape[-2:]))
+            pred = (torch.sigmoid(logits) >= thr) if on == "probability" else (logits >= thr)
+            c = compute_confusion_counts(pred.cpu().numpy(), y.cpu().numpy() > 0.5)
+            tps.append(c["tp"]), fps.append(c["fp"]), fns.append(c["fn"])
+        tp, fp, fn = (np.concatenate(a).astype(np.float64) for a in (tps, fps, fns))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            dice = np.where(tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), np.nan)
+            iou = np.where(tp + fp + fn > 0, tp / (tp + fp + fn), np.nan)
+
+        def macro(v: np.ndarray) -> float:
+            per_class = [np.nanmean(col) if np.isfinite(col).any() else np.nan for col in v.T]
+            return float(np.nanmean(per_class)) if np.isfinite(per_class).any() else float("nan")
+
+        return {"val_loss": sum(losses) / max(len(self.val_ds), 1), "val_dice": macro(dice), "val_iou": macro(iou)}
+
+    # --- state -----------------------------------------------------------------------------------------
+    def _state(self, epoch: int, best: dict[str, Any], early: dict[str, Any], history: list[dict[str, Any]],
+               finished: bool) -> dict[str, Any]:
+        return {
+            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "best": best,
+            "early_stopping": early, "rng": get_rng_state(), "history": history, "finished": finished,
+            "config_hash": self.config_hash,
+        }
+
+    def _write_log(self, history: list[dict[str, Any]]) -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(history[0]))
+        w.writeheader()
+        w.writerows(history)
+        atomic_write_text(self.run_dir / "train_log.csv", buf.getvalue())
+
+    def _ckpt_payload(self, epoch: int) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "epoch": epoch, "arch": self.cfg.model.arch,
+                "num_classes": self.model_num_classes(), "config_hash": self.config_hash}
+
+    def model_num_classes(self) -> int:
+        """Number of output channels, read from the training masks."""
+        return int(self.train_ds.masks.shape[1])
+
+    # --- main loop -------------------------------------------------------------------------------------
+    def fit(self, stop_after_epoch: int | None = None) -> TrainResult:
+        """Train until ``train.epochs`` (or early stopping), resuming from ``state/train_state.pt``.
+
+        Args:
+            stop_after_epoch: stop (as if interrupted) once this many epochs are done; for tests.
+        """
+        cfg = self.cfg
+        set_full_determinism(cfg.full_determinism)
+        best: dict[str, Any] = {"value": -math.inf if self.maximize else math.inf, "epoch": -1}
+        early: dict[str, Any] = {"bad_epochs": 0, "stopped": False}
+        history: list[dict[str, Any]] = []
+        start = 0
+        state = load_state(self.run_dir)
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            set_rng_state(state["rng"])
+            best, early, history = state["best"], state["early_stopping"], state["history"]
+            start = state["epoch"] + 1
+            self.log(f"resuming from epoch {start + 1} (state/train_state.pt)" if not state.get("finished")
+                     else "training already finished, skipped")
+            if state.get("finished"):
+                return TrainResult(start, best["epoch"], best["value"], early["stopped"], True, history)
+        metric_key = {"dice": "val_dice", "iou": "val_iou", "loss": "val_loss"}[cfg.checkpoint.metric]
+        save_roles = set(cfg.checkpoint.save)
+        epoch = start - 1
+        for epoch in range(start, cfg.train.epochs):
+            seed = epoch_seed(cfg.random_seed, epoch)
+            seed_everything(seed)
+            t0 = time.perf_counter()
+            train_loss, seen = self._train_epoch(epoch, seed)
+            train_s = time.perf_counter() - t0
+            val = self.validate()
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.scheduler.step()
+            value = val[metric_key]
+            improved = np.isfinite(value) and (
+                value > best["value"] + (cfg.train.early_stopping.min_delta if cfg.train.early_stopping else 0)
+                if self.maximize else
+                value < best["value"] - (cfg.train.early_stopping.min_delta if cfg.train.early_stopping else 0))
+            if improved:
+                best = {"value": float(value), "epoch": epoch}
+                early["bad_epochs"] = 0
+                if "best" in save_roles:
+                    save_checkpoint(self.run_dir, "best", self._ckpt_payload(epoch), epoch,
+                                    cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+            else:
+                early["bad_epochs"] += 1
+            if "latest" in save_roles:
+                save_checkpoint(self.run_dir, "latest", self._ckpt_payload(epoch), epoch,
+                                cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+            history.append({"epoch": epoch + 1, "train_loss": round(train_loss, 6),
+                            "val_loss": round(val["val_loss"], 6), "val_dice": round(val["val_dice"], 6),
+                            "val_iou": round(val["val_iou"], 6), "lr": lr, "train_seconds": round(train_s, 3),
+                            "train_images_per_s": round(seen / train_s, 2) if train_s > 0 else 0.0})
+            if cfg.train.early_stopping and early["bad_epochs"] >= cfg.train.early_stopping.patience:
+                early["stopped"] = True
+            finished = early["stopped"] or epoch + 1 >= cfg.train.epochs
+            if finished and best["epoch"] < 0 and "best" in save_roles:
+                # no finite selection value in any epoch (e.g. an all-empty validation split): fall back to last
+                best = {"value": float(value), "epoch": epoch}
+                save_checkpoint(self.run_dir, "best", self._ckpt_payload(epoch), epoch,
+                                cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+            h = history[-1]
+            self.log(f"epoch {h['epoch']}/{cfg.train.epochs}: train_loss {h['train_loss']:.4f}  "
+                     f"val_loss {h['val_loss']:.4f}  val_dice {h['val_dice']:.4f}  "
+                     f"({h['train_images_per_s']:.1f} img/s){'  *best*' if improved else ''}")
+            self._write_log(history)
+            save_state(self.run_dir, self._state(epoch, best, early, history, finished))
+            if finished:
+                break
+            if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
+                return TrainResult(epoch + 1, best["epoch"], best["value"], False, False, history)
+        return TrainResult(epoch + 1, best["epoch"], best["value"], early["stopped"], True, history)

@@ -1,0 +1,15 @@
+"""User-facing error type.
+
+Every error caused by the user's input (a bad config key, a missing file, a mask value not covered by
+``classes.csv``) is raised as :class:`MSBError`. The CLI prints its message as one line and exits with
+status 2; ``--debug`` shows the traceback. Programming errors keep their own types.
+"""
+
+from __future__ import annotations
+
+
+class MSBError(Exception):
+    """An error in the user's input that the user can fix.
+
+    The message must name the file, row or key at fault and say what to do.
+    """

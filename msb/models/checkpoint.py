@@ -1,0 +1,92 @@
+"""Checkpoint files and records.
+
+A checkpoint file (``checkpoints/<role>.pt``) holds ``{"model": state_dict, "epoch", "arch", "num_classes",
+"config_hash"}``. ``checkpoints/records.json`` holds one record per role: epoch, selection split, metric,
+value and the SHA-256 of the file's bytes, which :func:`load_checkpoint` verifies before loading.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from msb.errors import MSBError
+from msb.utils.atomic import atomic_path, atomic_write_text
+from msb.utils.hashing import sha256_file
+
+__all__ = ["CheckpointRecord", "save_checkpoint", "read_records", "load_checkpoint", "save_state", "load_state"]
+
+
+@dataclass
+class CheckpointRecord:
+    """Record of one saved checkpoint (role ``best`` or ``latest``)."""
+
+    role: str
+    epoch: int
+    selection_split: str
+    metric: str
+    value: float
+    sha256: str
+    path: str
+
+
+def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: int, selection_split: str,
+                    metric: str, value: float) -> CheckpointRecord:
+    """Write ``checkpoints/<role>.pt`` atomically, then update ``records.json`` (atomically)."""
+    path = run_dir / "checkpoints" / f"{role}.pt"
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+        digest = sha256_file(tmp)
+    rec = CheckpointRecord(role, epoch, selection_split, metric, float(value), digest, f"checkpoints/{role}.pt")
+    records = read_records(run_dir)
+    records[role] = rec
+    atomic_write_text(run_dir / "checkpoints" / "records.json",
+                      json.dumps({k: asdict(v) for k, v in records.items()}, indent=2))
+    return rec
+
+
+def read_records(run_dir: Path) -> dict[str, CheckpointRecord]:
+    """Read ``checkpoints/records.json`` (empty dict when absent)."""
+    path = run_dir / "checkpoints" / "records.json"
+    if not path.is_file():
+        return {}
+    return {k: CheckpointRecord(**v) for k, v in json.loads(path.read_text()).items()}
+
+
+def load_checkpoint(run_dir: Path, role: str) -> tuple[dict[str, Any], CheckpointRecord]:
+    """Load ``checkpoints/<role>.pt`` after verifying its SHA-256 against the record.
+
+    Raises:
+        MSBError: no record for ``role``, the file is missing, or its SHA-256 differs from the record.
+    """
+    records = read_records(run_dir)
+    if role not in records:
+        raise MSBError(f"{run_dir}: no '{role}' checkpoint recorded in checkpoints/records.json; "
+                       f"train the run first (msb run) or pick one of: {', '.join(records) or 'none'}")
+    rec = records[role]
+    path = run_dir / rec.path
+    if not path.is_file():
+        raise MSBError(f"{path}: checkpoint file is missing; retrain the run")
+    digest = sha256_file(path)
+    if digest != rec.sha256:
+        raise MSBError(f"{path}: SHA-256 {digest[:12]}... differs from the record {rec.sha256[:12]}...; "
+                       f"the file was changed after training, refusing to evaluate it")
+    return torch.load(path, map_location="cpu", weights_only=False), rec
+
+
+def save_state(run_dir: Path, state: dict[str, Any]) -> None:
+    """Write the resume state ``state/train_state.pt`` atomically."""
+    with atomic_path(run_dir / "state" / "train_state.pt") as tmp:
+        torch.save(state, tmp)
+
+
+def load_state(run_dir: Path) -> dict[str, Any] | None:
+    """Read the resume state, or ``None`` when the run has not finished an epoch yet."""
+    path = run_dir / "state" / "train_state.pt"
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,58 @@
+"""Architecture registry: ``@register("unet")`` on a :class:`~msb.models.base.Segmentor` subclass.
+
+Adapters are imported lazily by :func:`build_model` from ``msb.models.<module>`` listed in
+``_BUILTIN_MODULES``, so importing the package stays cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from msb.errors import MSBError
+
+if TYPE_CHECKING:
+    from msb.config.schema import ModelConfig
+    from msb.models.base import Segmentor
+
+__all__ = ["register", "available_architectures", "build_model"]
+
+_REGISTRY: dict[str, type] = {}
+_BUILTIN_MODULES = ("msb.models.unet",)
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator registering a Segmentor under ``name``. Raises ValueError on a duplicate name."""
+
+    def deco(cls: type) -> type:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"architecture '{name}' is registered twice ({_REGISTRY[name]} and {cls})")
+        _REGISTRY[name] = cls
+        cls.arch_name = name
+        return cls
+
+    return deco
+
+
+def _load_builtins() -> None:
+    for mod in _BUILTIN_MODULES:
+        importlib.import_module(mod)
+
+
+def available_architectures() -> list[str]:
+    """Sorted names of all registered architectures."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def build_model(cfg: "ModelConfig", num_classes: int) -> "Segmentor":
+    """Build the registered architecture ``cfg.arch`` with ``num_classes`` output channels (foreground
+    classes; sigmoid per channel). Raises :class:`MSBError` for an unknown name (with the closest one)."""
+    _load_builtins()
+    if cfg.arch not in _REGISTRY:
+        close = difflib.get_close_matches(cfg.arch, list(_REGISTRY), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise MSBError(f"model.arch: unknown architecture '{cfg.arch}'{hint} "
+                       f"(available: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[cfg.arch].from_config(cfg, num_classes)

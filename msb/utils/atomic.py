@@ -1,0 +1,58 @@
+"""Atomic file writes: write to a temporary file in the target folder, then ``os.replace``.
+
+A reader never sees a half-written file, and an error while writing leaves the previous file (or no
+file) in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it onto ``path``, on error delete it.
+
+    Args:
+        path: final destination. Its parent folder is created if needed.
+        suffix: suffix for the temporary file (defaults to the destination's suffix, so that writers
+            that infer the format from the extension, e.g. ``np.savez`` or ``cv2.imwrite``, still work).
+
+    Yields:
+        Path of the temporary file to write.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix if suffix is not None else path.suffix,
+                               dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def atomic_write_with(path: str | os.PathLike, writer: Callable[[Path], None]) -> None:
+    """Call ``writer(tmp_path)`` and atomically move the result to ``path``."""
+    with atomic_path(path) as tmp:
+        writer(tmp)

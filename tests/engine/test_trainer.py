@@ -1,0 +1,111 @@
+"""Trainer: structure loss values, resume equivalence (bitwise), checkpoint records and SHA-256 checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from msb.config.generate import GeneratedRun, config_hash
+from msb.config.schema import RunConfig
+from msb.data.schema import load_prepared_dataset
+from msb.data.synth import make_synthetic_dataset
+from msb.engine.losses import structure_loss
+from msb.engine.runner import evaluate_run, train_run
+from msb.errors import MSBError
+from msb.utils.hashing import sha256_file
+
+
+def test_structure_loss_hand_value():
+    """Uniform target y = 0 everywhere: avgpool(y) - y = 0 so w = 1 on every pixel.
+
+    With logits 0: p = 0.5, BCE = ln 2 per pixel, so wBCE = ln 2.
+    wIoU = 1 - (Σ w p y + 1) / (Σ w (p + y) - Σ w p y + 1) = 1 - 1 / (16 * 0.5 + 1) = 1 - 1/9 for a 4x4 map.
+    """
+    logits = torch.zeros(1, 1, 4, 4)
+    target = torch.zeros(1, 1, 4, 4)
+    expected = torch.log(torch.tensor(2.0)) + (1 - 1 / 9)
+    assert torch.isclose(structure_loss(logits, target), expected, atol=1e-6)
+    assert torch.isclose(structure_loss(logits, target, "reference"), expected, atol=1e-6)
+
+
+def test_bce_weighting_modes_differ_on_boundaries():
+    """With a boundary in the target, the weighted BCE (published) differs from the reference plain mean."""
+    target = torch.zeros(1, 1, 32, 32)
+    target[..., 8:24, 8:24] = 1
+    logits = torch.randn(1, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    a = structure_loss(logits, target, "weighted")
+    b = structure_loss(logits, target, "reference")
+    assert abs(float(a - b)) > 1e-4
+
+
+def _run(tmp_path: Path, data_root: Path, epochs: int, seed: int = 3) -> GeneratedRun:
+    cfg = RunConfig.model_validate({
+        "study": "t", "run_root": str(tmp_path / "runs"), "random_seed": seed, "full_determinism": True,
+        "data": {"name": "synthetic", "root": str(data_root), "input_size": [32, 32],
+                 "split": {"mode": "random", "val_fraction": 0.2, "test_fraction": 0.2, "seed": 0},
+                 "cache_dir": str(tmp_path / "cache")},
+        "model": {"arch": "unet", "encoder": "resnet18", "params": {"decoder_channels": [32, 16, 8, 8, 8]}},
+        "train": {"epochs": epochs, "batch_size": 4, "augment": {"hflip": 0.5, "vflip": 0.5},
+                  "scheduler": {"name": "cosine"}, "device": "cpu"},
+    })
+    return GeneratedRun("run", cfg, config_hash(cfg), "synthetic", "unet")
+
+
+@pytest.fixture(scope="module")
+def synth_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data") / "synthetic"
+    make_synthetic_dataset(root, n_samples=30, size=(32, 32), seed=0)
+    return root
+
+
+def test_resume_is_bitwise_identical(tmp_path: Path, synth_root: Path):
+    """3 epochs in one go == 1 epoch, 'interrupt', resume for the remaining 2 (full_determinism, CPU)."""
+    ds = load_prepared_dataset(synth_root)
+    full = _run(tmp_path / "a", synth_root, epochs=3)
+    res_a = train_run(full, tmp_path / "a" / "run", ds)
+    assert res_a.finished and res_a.epochs_done == 3
+
+    part = _run(tmp_path / "b", synth_root, epochs=3)
+    res_b1 = train_run(part, tmp_path / "b" / "run", ds, stop_after_epoch=1)
+    assert not res_b1.finished and res_b1.epochs_done == 1
+    state = torch.load(tmp_path / "b" / "run" / "state" / "train_state.pt", weights_only=False)
+    assert state["epoch"] == 0 and set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng",
+                                                  "early_stopping", "best"}
+    res_b2 = train_run(part, tmp_path / "b" / "run", ds)
+    assert res_b2.finished and res_b2.epochs_done == 3
+
+    wa = torch.load(tmp_path / "a" / "run" / "checkpoints" / "latest.pt", weights_only=False)["model"]
+    wb = torch.load(tmp_path / "b" / "run" / "checkpoints" / "latest.pt", weights_only=False)["model"]
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert res_a.history == res_b2.history or [h["val_dice"] for h in res_a.history] == \
+        [h["val_dice"] for h in res_b2.history]
+
+    # a finished run is not trained again
+    res_again = train_run(part, tmp_path / "b" / "run", ds)
+    assert res_again.finished and res_again.epochs_done == 3
+
+
+def test_checkpoint_records_and_sha_verification(tmp_path: Path, synth_root: Path):
+    ds = load_prepared_dataset(synth_root)
+    run = _run(tmp_path, synth_root, epochs=2)
+    run_dir = tmp_path / "run"
+    train_run(run, run_dir, ds)
+    records = json.loads((run_dir / "checkpoints" / "records.json").read_text())
+    assert set(records) == {"best", "latest"}
+    for role, rec in records.items():
+        assert rec["sha256"] == sha256_file(run_dir / "checkpoints" / f"{role}.pt")
+        assert rec["selection_split"] == "val" and rec["metric"] == "dice"
+    assert records["latest"]["epoch"] == 1
+    paths = evaluate_run(run_dir, ["best"], ds)
+    assert paths[0].is_file()
+    # tamper with the checkpoint: evaluation must refuse it
+    ck = run_dir / "checkpoints" / "latest.pt"
+    ck.write_bytes(ck.read_bytes() + b"x")
+    with pytest.raises(MSBError, match="SHA-256 .* differs from the record"):
+        evaluate_run(run_dir, ["latest"], ds)
+    assert not (run_dir / "evaluation" / "latest" / "counts.parquet").exists()
