@@ -41,7 +41,7 @@ def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
 
 def log(msg: str) -> None:
     """One status line."""
-    console.print(msg, highlight=False)
+    console.print(msg, highlight=False, markup=False)
 
 
 @app.callback()
@@ -142,6 +142,60 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         for _, row in summary.iterrows():
             table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
         console.print(table)
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def profile(ctx: typer.Context,
+            device: str = typer.Option("cpu", help="cpu | cuda (fails with one line when no GPU is usable)."),
+            arch: Optional[List[str]] = typer.Option(None, help="Registry names (--arch a b); default: all."),
+            study: Optional[Path] = typer.Option(None, help="Study folder runs/<study>/: its models + Dice scatter."),
+            input_size: Optional[List[str]] = typer.Option(None, help="Sizes in px: --input-size 256 512 (or HxW)."),
+            batch_size: int = typer.Option(1, help="Images per forward pass."),
+            precision: Optional[List[str]] = typer.Option(None, help="fp32 | amp (--precision fp32 amp); default fp32."),
+            warmup: int = typer.Option(10, help="Untimed warm-up passes."),
+            timed_passes: int = typer.Option(100, help="Timed passes per repeat."),
+            repeats: int = typer.Option(3, help="Repeats (median and SD are over repeats)."),
+            cudnn_benchmark: bool = typer.Option(True, help="torch.backends.cudnn.benchmark during timing."),
+            num_classes: int = typer.Option(1, help="Output classes for --arch models."),
+            out: Optional[Path] = typer.Option(None, help="Output folder (default <study>/profile or profiles/)."),
+            role: str = typer.Option("best", help="Study: checkpoint role whose counts give Dice."),
+            rule: str = typer.Option("image-macro", help="Study: aggregation rule of Dice."),
+            x: str = typer.Option("gmacs", help="Study scatter x axis: gmacs | latency.")) -> None:
+    """Params, GMACs (FlopCounterMode), latency, throughput and peak memory per architecture and input size."""
+    from msb.profiling.measure import parse_input_size
+    from msb.profiling.pipeline import run_profile
+    from msb.profiling.timing import TimingProtocol
+
+    archs, sizes, precs = list(arch or []), list(input_size or []), list(precision or [])
+    for tok in ctx.args:  # values after the first of a multi-value option (--input-size 256 512)
+        if tok.lower().replace("x", "").isdigit():
+            sizes.append(tok)
+        elif tok in ("fp32", "amp"):
+            precs.append(tok)
+        elif archs:
+            archs.append(tok)
+        else:
+            raise MSBError(f"msb profile: unexpected argument '{tok}'; name architectures with --arch {tok}")
+    protocols = [TimingProtocol(warmup, timed_passes, repeats, batch_size, p, cudnn_benchmark)  # type: ignore[arg-type]
+                 for p in (precs or ["fp32"])]
+    res = run_profile(device, archs, study, [parse_input_size(s) for s in sizes], protocols, out, num_classes,
+                      role, rule, x, log=log)
+    t = res.table
+    table = Table(title=f"profile on {t['device_name'].iloc[0]} ({t['device'].iloc[0]}), batch {batch_size}, "
+                        f"{warmup} warm-up + {repeats}x{timed_passes} timed passes, forward only")
+    for col in ("model", "input", "precision", "params (M)", "GMACs", "latency ms (median ± SD)", "images/s",
+                "peak MiB", "status"):
+        table.add_column(col, justify="left" if col in ("model", "input", "precision", "status") else "right")
+    for _, r in t.iterrows():
+        mem = r["peak_mem_mib"] if r["device"] == "cuda" else r["peak_mem_delta_mib"]
+        table.add_row(r["model"], f"{r['input_h']}x{r['input_w']}", r["precision"], f"{r['params_m']:.2f}",
+                      f"{r['gmacs']:.3f}", f"{r['latency_ms_median']:.2f} ± {r['latency_ms_sd']:.2f}",
+                      f"{r['throughput_ips']:.1f}", f"{mem:.1f}", r["status"])
+    console.print(table)
+    uncounted = sorted({o.strip() for s in t["uncounted_ops"] for o in str(s).split(",") if o.strip()})
+    log(f"GMACs = FlopCounterMode FLOPs / 2 per image; operators not counted: {', '.join(uncounted) or 'none'}")
+    log(f"peak memory: {t['mem_method'].iloc[0]}")
+    log(f"written: {', '.join(str(p) for p in res.paths)}")
 
 
 @app.command("models")

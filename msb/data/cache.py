@@ -27,6 +27,7 @@ import cv2
 import numpy as np
 
 from msb.data.schema import PreparedDataset, mask_to_onehot, read_image, read_mask
+from msb.utils.atomic import current_umask
 from msb.utils.hashing import sha256_file, sha256_json
 
 __all__ = ["CachedArrays", "cache_key", "build_cache", "resize_image", "resize_mask"]
@@ -124,6 +125,7 @@ def build_cache(ds: PreparedDataset, size: tuple[int, int], cache_dir: str | Pat
             masks.flush()
             del images, masks
             (tmp / "sample_ids.json").write_text(json.dumps(ids))
+            os.chmod(tmp, 0o777 & ~current_umask())
             if final.exists():  # a concurrent builder finished first
                 shutil.rmtree(tmp)
             else:

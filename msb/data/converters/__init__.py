@@ -9,7 +9,9 @@ rename it onto ``out`` only after the result has been validated with
 dataset is ever left behind. An existing non-empty ``out`` is only replaced with ``overwrite=True``.
 
 Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder`), ``synthetic``
-(:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored). Names are case-insensitive and ``_``
+(:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``pranet`` (:mod:`.pranet`),
+``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
+``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`); a URL or archive as source: :mod:`.fetch`. Names are case-insensitive and ``_``
 is accepted for ``-``.
 """
 
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from msb.errors import MSBError
+from msb.utils.atomic import current_umask
 
 
 @dataclass
@@ -100,6 +103,7 @@ def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str |
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a dataset folder gets the usual mode
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / out.name)
@@ -173,12 +177,22 @@ def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.P
 
 from msb.data.converters.folder import convert_folder  # noqa: E402
 from msb.data.converters.kvasir_seg import convert_kvasir_seg  # noqa: E402
+from msb.data.converters.bkai_neopolyp import convert_bkai_neopolyp  # noqa: E402
+from msb.data.converters.busi import convert_busi  # noqa: E402
+from msb.data.converters.cvc_clinicdb import convert_cvc_clinicdb  # noqa: E402
+from msb.data.converters.isic2018 import convert_isic2018_task1  # noqa: E402
+from msb.data.converters.pranet import convert_pranet  # noqa: E402
 
 #: converter name -> callable(source, out, **options) -> ConversionReport
 CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "kvasir-seg": convert_kvasir_seg,
     "folder": convert_folder,
     "synthetic": _synthetic,
+    "pranet": convert_pranet,
+    "cvc-clinicdb": convert_cvc_clinicdb,
+    "isic2018-task1": convert_isic2018_task1,
+    "busi": convert_busi,
+    "bkai-igh-neopolyp": convert_bkai_neopolyp,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",
