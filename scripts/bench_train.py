@@ -7,6 +7,7 @@ clip, step. The trainer goes through the preprocessing cache, the Dataset/DataLo
 progress hooks and per-epoch bookkeeping; its images/s are taken from the timed training phase of each epoch
 (validation and checkpointing excluded, as they are not part of the bare loop).
 
+The bare loop runs before and after the trainer (same process), so a change in machine load affects both.
 Prints images/s of both and the ratio (trainer / bare). Target: overhead <= 10 %, i.e. ratio >= 0.90.
 
 Usage: ``.venv/bin/python scripts/bench_train.py [--size 128] [--n 64] [--epochs 3] [--batch-size 8]``
@@ -31,32 +32,35 @@ from msb.data.splits import read_split_file
 from msb.data.synth import make_synthetic_dataset
 from msb.engine.determinism import seed_everything
 from msb.engine.losses import multi_output_loss
-from msb.engine.runner import train_run
+from msb.engine.runner import ensure_split, train_run
 from msb.models.registry import build_model
 
 
-def bare_loop(images: torch.Tensor, masks: torch.Tensor, cfg: RunConfig, epochs: int) -> list[float]:
-    """Images/s of each epoch of a minimal loop with the same model, loss and optimizer."""
-    seed_everything(0)
-    model = build_model(cfg.model, masks.shape[1])
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.optimizer.lr,
-                            weight_decay=cfg.train.optimizer.weight_decay)
-    bs = cfg.train.batch_size
-    rates = []
-    for _ in range(epochs):
-        perm = torch.randperm(len(images))
+class BareLoop:
+    """A minimal training loop with the same model, loss, optimizer and clipping as the trainer."""
+
+    def __init__(self, images: torch.Tensor, masks: torch.Tensor, cfg: RunConfig) -> None:
+        seed_everything(0)
+        self.images, self.masks, self.cfg = images, masks, cfg
+        self.model = build_model(cfg.model, masks.shape[1])
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.optimizer.lr,
+                                     weight_decay=cfg.train.optimizer.weight_decay)
+
+    def epoch(self) -> float:
+        """Run one epoch; return images/s."""
+        bs = self.cfg.train.batch_size
+        perm = torch.randperm(len(self.images))
         t0 = time.perf_counter()
-        for i in range(0, len(images), bs):
+        for i in range(0, len(self.images), bs):
             idx = perm[i: i + bs]
-            x, y = images[idx], masks[idx]
-            opt.zero_grad(set_to_none=True)
-            loss = multi_output_loss(model(x), y, "structure", "weighted")
+            x, y = self.images[idx], self.masks[idx]
+            self.opt.zero_grad(set_to_none=True)
+            loss = multi_output_loss(self.model(x), y, "structure", "weighted")
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip.max)
-            opt.step()
-        rates.append(len(images) / (time.perf_counter() - t0))
-    return rates
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip.max)
+            self.opt.step()
+        return len(self.images) / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -84,9 +88,9 @@ def main() -> None:
         })
         ds = load_prepared_dataset(tmp / "data")
         run = GeneratedRun("bench", cfg, config_hash(cfg), "synthetic", "unet")
-        result = train_run(run, tmp / "runs" / "bench", ds)
-        framework = [h["train_images_per_s"] for h in result.history]
-        splits = read_split_file(tmp / "runs" / "bench" / "split.csv")
+        run_dir = tmp / "runs" / "bench"
+        ensure_split(cfg, ds, run_dir)
+        splits = read_split_file(run_dir / "split.csv")
         train_ids = sorted(str(k) for k, v in splits.items() if v == "train")[: args.n]
         n_train = len(train_ids)
         cache = build_cache(ds, (args.size, args.size))
@@ -95,9 +99,14 @@ def main() -> None:
         std = np.array(cfg.data.normalize_std, dtype=np.float32).reshape(1, 3, 1, 1) * 255
         images = torch.from_numpy((np.asarray(cache.images[rows]).transpose(0, 3, 1, 2).astype(np.float32) - mean) / std)
         masks = torch.from_numpy(np.asarray(cache.masks[rows]).astype(np.float32))
-        bare = bare_loop(images, masks, cfg, args.epochs)
+        bare_loop = BareLoop(images, masks, cfg)
+        # bare, trainer, bare again: load from other processes during the run affects both sides alike
+        bare = [bare_loop.epoch() for _ in range(args.epochs)]
+        result = train_run(run, run_dir, ds)
+        framework = [h["train_images_per_s"] for h in result.history]
+        bare += [bare_loop.epoch() for _ in range(args.epochs)]
 
-    # the first epoch of each warms up allocators; report the median of the rest when there is one
+    # the first epoch of each warms up allocators and kernels: report the median of the others
     f = statistics.median(framework[1:] or framework)
     b = statistics.median(bare[1:] or bare)
     print(f"setup: U-Net/ResNet-18, {n_train} training images at {args.size}x{args.size}, batch {args.batch_size}, "
