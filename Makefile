@@ -30,6 +30,7 @@ test-fast: setup
 bench: setup
 	$(BIN)/python scripts/bench_train.py
 	$(BIN)/python scripts/bench_metrics.py
+	$(BIN)/python scripts/bench_audit.py
 
 clean:
 	rm -rf runs .pytest_cache

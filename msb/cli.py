@@ -71,13 +71,22 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
 
 @app.command()
 def run(study: Path = typer.Argument(..., help="Study YAML."),
-        run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config).")) -> None:
+        run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config)."),
+        worker: bool = typer.Option(False, "--worker", help="Join the study as one of several worker processes "
+                                    "(docs/studies.md); start as many as you like, on one or several machines."),
+        storage: Optional[str] = typer.Option(None, help="Optuna RDB storage URL shared by the workers, e.g. "
+                                              "postgresql://user:pass@host/db (default: SQLite in the study folder)."),
+        heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
+        grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead.")) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
     from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.engine.runner import run_study
 
-    outcomes = run_study(study, track=track, log=log, run_root=run_root)
+    study_opts = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period} \
+        if (heartbeat_interval, grace_period) != (30, 120) else {}
+    outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
+                         **study_opts)
     paths = [p for o in outcomes for p in o.counts_paths]
     table = reaggregate(read_counts(paths))
     out_dir = outcomes[0].run_dir.parent
@@ -87,9 +96,17 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
 
 
 @app.command()
-def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>."),
+def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id> (with --external also a "
+                                             "study YAML: every fold checkpoint + the fold ensemble)."),
              checkpoint: str = typer.Option("best", help="best | latest | both"),
-             force: bool = typer.Option(False, help="Re-evaluate even if counts exist for this checkpoint.")) -> None:
+             force: bool = typer.Option(False, help="Re-evaluate even if counts exist for this checkpoint."),
+             external: Optional[str] = typer.Option(None, help="Evaluate on this other prepared dataset instead "
+                                                    "(a name in configs/datasets/ or a prepared-dataset folder)."),
+             class_map: Optional[List[str]] = typer.Option(None, help="With --external: MODEL_CLASS=EXT[,EXT...] "
+                                                           "(ids or names; repeat per model class), e.g. 1=1,2."),
+             split: Optional[str] = typer.Option(None, help="With --external: 'all' (default) or a split of its "
+                                                 "index.csv."),
+             run_root: Optional[str] = typer.Option(None, help="With a study YAML: override run_root.")) -> None:
     """Reload a checkpoint (SHA-256 verified), predict the test split, write counts and predictions."""
     from msb.analysis.aggregate import reaggregate, render_scores_table
     from msb.analysis.counts_io import read_counts
@@ -98,14 +115,33 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
     if checkpoint not in ("best", "latest", "both"):
         raise MSBError(f"--checkpoint must be best, latest or both, not '{checkpoint}'")
     roles = ["best", "latest"] if checkpoint == "both" else [checkpoint]
-    paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
+    if external is not None:
+        from msb.study.engine import evaluate_external_cli
+
+        paths = evaluate_external_cli(run_dir, external, class_map or [], split, roles, run_root, track, log, force)
+    elif class_map or split:
+        raise MSBError("--class-map and --split apply to --external evaluations only; add --external DATASET")
+    else:
+        paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
     console.print(render_scores_table(reaggregate(read_counts(paths))))
 
 
 @app.command()
 def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet files or folders holding them."),
                 out: Optional[Path] = typer.Option(None, help="Folder for scores.csv/.parquet (default: none)."),
-                pool: bool = typer.Option(False, help="Pool runs/folds: group by dataset, split, model, role only.")) -> None:
+                pool: bool = typer.Option(False, help="Pool runs/folds: group by dataset, split, model, role only."),
+                rules: Optional[str] = typer.Option(None, help="Comma-separated aggregation rules (default: the basic "
+                                                               "three); 'all' adds image-class-mean, image-foreground, "
+                                                               "pooled-foreground, pooled-class (docs/analysis.md)."),
+                population: Optional[List[str]] = typer.Option(None, help="Also score a sub-population, predictions "
+                                                                          "fixed: source:A,B | ids:FILE | "
+                                                                          "flag:FILE[:COLUMN] (repeatable)."),
+                bootstrap: int = typer.Option(0, help="Image-level percentile bootstrap replicates for 95% CIs "
+                                                      "(0: none)."),
+                compare: bool = typer.Option(False, help="Compare systems: paired Wilcoxon (BH), paired bootstrap "
+                                                         "differences, Friedman, ranking sensitivity."),
+                seed: int = typer.Option(0, help="Bootstrap seed."),
+                system_by: str = typer.Option("run", help="What --compare compares: run | model.")) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
     from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts_with_report
@@ -114,6 +150,11 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     for note in report.notes:
         log(note)
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
+    if rules is not None or population or bootstrap or compare:
+        from msb.analysis.compare import run_extended
+
+        run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log)
+        return
     table = _reagg(df, group_by=group)
     console.print(render_scores_table(table))
     if out is not None:
@@ -198,6 +239,65 @@ def profile(ctx: typer.Context,
     log(f"written: {', '.join(str(p) for p in res.paths)}")
 
 
+@app.command()
+def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>."),
+           out: Optional[Path] = typer.Option(None, help="Report folder (default STUDY_DIR/report)."),
+           bootstrap: int = typer.Option(2000, help="Bootstrap replicates for every CI (0: none)."),
+           seed: int = typer.Option(0, help="Bootstrap seed."),
+           population: Optional[List[str]] = typer.Option(None, help="Extra population: source:A,B | ids:FILE | "
+                                                                     "flag:FILE[:COLUMN] (repeatable)."),
+           system_by: str = typer.Option("run", help="What a compared system is: run | model.")) -> None:
+    """Self-contained HTML + Markdown report of a study from stored artifacts: contract, scores with CIs,
+    significance, ranking sensitivity, figures, LaTeX tables and a reporting checklist."""
+    from msb.analysis.populations import parse_population
+    from msb.analysis.report import build_report
+
+    pops = [parse_population(p) for p in population or []]
+    res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by)
+    for item in res.checklist:
+        log(f"{'PASS' if item.passed else 'FAIL'}  {item.item}: {item.evidence}")
+    for note in res.notes:
+        log(f"note: {note}")
+    log(f"report written to {res.html} and {res.markdown} ({len(res.figures)} figure files, "
+        f"{len(res.tables)} table files)")
+
+
+@app.command()
+def explain(paths: List[str] = typer.Argument(..., help="Run folder(s) runs/<study>/<run_id> (e.g. the folds of a "
+                                                        "model) or a study folder runs/<study>."),
+            images: List[str] = typer.Option(..., help="sample_ids: --images ID [ID ...] (or ID,ID)."),
+            checkpoint: str = typer.Option("best", help="best | latest"),
+            target_layer: Optional[List[str]] = typer.Option(None, help="Layer path(s) overriding the default, "
+                                                                        "e.g. net.decoder.blocks[-1]."),
+            device: str = typer.Option("auto", help="auto | cpu | cuda"),
+            out: Optional[Path] = typer.Option(None, help="Output folder (default <run>/explain or <study>/explain).")
+            ) -> None:
+    """Grad-CAM overlays (image, prediction, CAM) per run/fold checkpoint and the fold average."""
+    from msb.xai.explain import explain as _explain
+
+    run_paths, ids = [], list(images)
+    for p in paths:  # click gives every positional token to PATHS: --images a b puts b here
+        if Path(p).is_dir():
+            run_paths.append(p)
+        elif "/" in p or os.sep in p:
+            raise MSBError(f"{p}: run folder not found; give runs/<study>/<run_id> or a study folder runs/<study>")
+        else:
+            ids.append(p)
+    if not run_paths:
+        raise MSBError(f"no run folder among {paths}; give runs/<study>/<run_id> or a study folder runs/<study>")
+    res = _explain(run_paths, ids, out, checkpoint, tuple(target_layer or ()), device, log=log)
+    t = res.table
+    table = Table(title=f"Grad-CAM ({checkpoint} checkpoint)")
+    for col in ("model_group", "image_id", "run", "class_name", "target_region", "image_split", "cam_mean",
+                "pred_area_px"):
+        table.add_column(col, justify="right" if col in ("cam_mean", "pred_area_px") else "left")
+    for _, r in t.iterrows():
+        table.add_row(r["model_group"], r["image_id"], r["run"], r["class_name"], r["target_region"],
+                      r["image_split"], f"{r['cam_mean']:.3f}", str(r["pred_area_px"]))
+    console.print(table)
+    log(f"overlays and CAMs written under {res.out_dir} (summary: {res.out_dir / 'explain.csv'})")
+
+
 @app.command("models")
 def list_models() -> None:
     """List the registered architectures."""
@@ -209,19 +309,31 @@ def list_models() -> None:
 
 # ------------------------------------------------------------------------------------------------ data
 @data_app.command("prepare")
-def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | folder | synthetic."),
-                 source: Optional[Path] = typer.Option(None, help="Raw dataset folder."),
+def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | pranet | cvc-clinicdb | "
+                                                      "isic2018-task1 | busi | bkai-igh-neopolyp | folder | synthetic."),
+                 source: Optional[str] = typer.Option(None, help="Raw dataset folder, .zip/.tar archive or http(s) "
+                                                                 "URL of one (downloaded to a temporary file)."),
                  out: Optional[Path] = typer.Option(None, help="Output folder (default datasets/<name>)."),
                  limit: Optional[int] = typer.Option(None, help="Convert only the first N samples (tests)."),
-                 overwrite: bool = typer.Option(False, help="Replace an existing prepared dataset.")) -> None:
+                 overwrite: bool = typer.Option(False, help="Replace an existing prepared dataset."),
+                 option: Optional[List[str]] = typer.Option(None, help="Converter option KEY=VALUE (YAML value), "
+                                                                       "repeatable, e.g. --option val_fraction=0.")
+                 ) -> None:
     """Convert a raw dataset into the prepared layout (index.csv + classes.csv)."""
-    from msb.data.converters import prepare_dataset
+    import yaml
+
+    from msb.data.converters.fetch import prepare_from_source
 
     out = out or Path("datasets") / name.replace("-", "_")
     opts = {"overwrite": overwrite}
     if limit is not None:
         opts["limit"] = limit
-    report = prepare_dataset(name, str(source) if source else None, out, **opts)
+    for item in option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise MSBError(f"--option {item!r}: expected KEY=VALUE, e.g. --option threshold=127.")
+        opts[key.strip()] = yaml.safe_load(value)
+    report = prepare_from_source(name, source, out, **opts)
     log(report.summary())
 
 
@@ -244,6 +356,57 @@ def data_validate(root: Path = typer.Argument(..., help="Prepared dataset folder
     for sid in track(list(ds.index["sample_id"]), "checking masks", len(ds.index)):
         mask_to_onehot(read_mask(ds.mask_path(sid)), ds.classes, ds.mask_path(sid))
     log(f"{root}: {len(ds.index)} samples, {len(ds.foreground_classes)} foreground class(es): OK")
+
+
+# ----------------------------------------------------------------------------------------------- audit
+@app.command()
+def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
+          against: Optional[Path] = typer.Option(None, help="Second prepared dataset: audit across the two."),
+          out: Optional[Path] = typer.Option(None, help="Audit folder (default <dataset>/audit[_vs_<other>])."),
+          hamming_k: int = typer.Option(8, help="Candidate pair: pHash or dHash Hamming distance <= k (of 64 bits)."),
+          screens: bool = typer.Option(True, help="Pixel screens (NCC, SSIM) on candidate pairs."),
+          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
+          ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
+          ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
+          split_file: Optional[Path] = typer.Option(None, help="sample_id,split CSV (e.g. a run's split.csv) "
+                                                               "instead of index.csv's split column."),
+          workers: int = typer.Option(1, help="Hashing processes / search threads."),
+          max_sheet_pairs: int = typer.Option(300, help="Pairs shown on the HTML contact sheet."),
+          apply: Optional[Path] = typer.Option(None, help="DECISIONS.csv (sample_id,action,reason,target): write a "
+                                                          "curated index.csv; no audit is run unless "
+                                                          "--apply-clusters."),
+          apply_clusters: bool = typer.Option(False, help="Audit, then write a curated dataset whose groups merge "
+                                                          "every near-duplicate cluster."),
+          curated_out: Optional[Path] = typer.Option(None, help="Curated dataset folder (default "
+                                                                "<parent>/<name>_curated)."),
+          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder.")) -> None:
+    """Duplicate and leakage audit: identical bytes, pHash/dHash near-duplicates, cross-split census, reports."""
+    from msb.audit.core import AuditConfig
+    from msb.audit.pipeline import audit_dataset
+
+    cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
+                      ssim_min=ssim_min, workers=workers)
+    res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
+                        apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
+                        max_sheet_pairs=max_sheet_pairs, progress=track)
+    if res.result is not None:
+        from msb.audit.census import summary_table
+
+        r = res.result
+        summ = summary_table(r.census)
+        table = Table(title=f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
+                            f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
+        for col in summ.columns:
+            table.add_column(col, justify="left" if col == "relation" else "right")
+        for row in summ.itertuples(index=False):
+            table.add_row(*[str(v) for v in row])
+        console.print(table)
+        if r.params["n_unassigned_rows"]:
+            log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
+                f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
+        log(f"audit written to {res.written[0].parent} ({', '.join(p.name for p in res.written)})")
+    if res.curation is not None:
+        log(res.curation.summary())
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import pandas as pd
 from msb.config.generate import GeneratedRun, generate_runs, write_run_config
 from msb.config.schema import RunConfig
 from msb.data.cache import build_cache
-from msb.data.converters import prepare_dataset
+from msb.data.converters.fetch import prepare_from_source
 from msb.data.schema import PreparedDataset, load_prepared_dataset
 from msb.data.splits import read_split_file, resolve_splits, write_split_file
 from msb.data.torch_dataset import SegmentationDataset, build_augmentation
@@ -35,7 +35,7 @@ from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file
 
 __all__ = ["RunOutcome", "ensure_dataset", "ensure_split", "train_run", "evaluate_run", "run_study",
-           "write_manifest", "study_dir"]
+           "write_manifest", "study_dir", "run_fold"]
 
 T = TypeVar("T")
 Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
@@ -79,7 +79,7 @@ def ensure_dataset(cfg: RunConfig, log: Logger = _no_log) -> PreparedDataset:
                            f"'msb data prepare NAME --source DIR --out {root}' or add data.prepare to the dataset config")
         p = cfg.data.prepare
         log(f"preparing dataset '{cfg.data.name}' with converter '{p.converter}' into {root}")
-        report = prepare_dataset(p.converter, p.source, root, **p.options)
+        report = prepare_from_source(p.converter, p.source, root, **p.options)
         log(report.summary())
     return load_prepared_dataset(root)
 
@@ -111,9 +111,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def write_manifest(run_dir: Path, run: GeneratedRun, device: str) -> None:
+def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[str, Any] | None = None) -> None:
     """``manifest.json``: binds results to config hash, split-file hash, checkpoint SHA-256s, package
-    versions and device."""
+    versions and device; ``extra`` keys (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
     records = read_records(run_dir)
     split_path = run_dir / "split.csv"
     manifest: dict[str, Any] = {
@@ -123,12 +123,15 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str) -> None:
                             "selection_split": v.selection_split} for k, v in records.items()},
         "versions": _versions(), "device": device, "platform": platform.platform(),
     }
+    manifest.update(extra or {})
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
 
 
 def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Tracker = _no_track,
-              log: Logger = _no_log, stop_after_epoch: int | None = None) -> TrainResult:
-    """Train (or resume) one run in ``run_dir``. Raises :class:`MSBError` on an empty train/selection split."""
+              log: Logger = _no_log, stop_after_epoch: int | None = None,
+              on_epoch_end: Callable[[dict[str, Any]], bool | None] | None = None) -> TrainResult:
+    """Train (or resume) one run in ``run_dir``. Raises :class:`MSBError` on an empty train/selection split.
+    ``on_epoch_end``: see :meth:`Trainer.fit` (Hyperband reporting/pruning)."""
     cfg = run.config
     write_run_config(run, run_dir)
     splits = ensure_split(cfg, ds, run_dir)
@@ -149,7 +152,14 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     trainer = Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log)
     log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
         f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}")
-    return trainer.fit(stop_after_epoch=stop_after_epoch)
+    return trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
+
+
+def run_fold(run_dir: Path) -> int:
+    """Cross-validation fold of a run folder: ``fold`` of its ``fold.json`` (written by :mod:`msb.study`),
+    -1 when the run is not a fold run."""
+    path = Path(run_dir) / "fold.json"
+    return int(json.loads(path.read_text())["fold"]) if path.is_file() else -1
 
 
 def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = None, track: Tracker = _no_track,
@@ -175,7 +185,8 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
             log(f"[{run_dir.name}] evaluation of '{role}' already done, skipped")
             out.append(counts)
             continue
-        res = evaluate_checkpoint(run_dir, cfg, ds, role, run_dir.name, config_hash, track=track)
+        res = evaluate_checkpoint(run_dir, cfg, ds, role, run_dir.name, config_hash, track=track,
+                                  fold=run_fold(run_dir))
         atomic_write_text(done, records[role].sha256)
         log(f"[{run_dir.name}] evaluated '{role}' on {res.n_images} '{cfg.evaluation.split}' images -> {res.counts_path}")
         out.append(res.counts_path)
@@ -183,8 +194,22 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
 
 
 def run_study(study_path: str | Path, track: Tracker = _no_track, log: Logger = _no_log,
-              run_root: str | None = None) -> list[RunOutcome]:
-    """Run every run of a study (see module docstring). Returns one :class:`RunOutcome` per run."""
+              run_root: str | None = None, worker: bool = False, storage: str | None = None,
+              **study_options: Any) -> list[RunOutcome]:
+    """Run every run of a study (see module docstring). Returns one :class:`RunOutcome` per run.
+
+    A study file with ``search``, ``cross_validation`` or ``final.external`` (or ``worker``/``storage`` given)
+    is run by :func:`msb.study.engine.run_study_spec` (search -> K-fold -> final evaluation, docs/studies.md);
+    ``study_options`` go there (``heartbeat_interval``, ``grace_period``, ``poll_s``)."""
+    from msb.config.generate import load_study
+
+    spec, _ = load_study(study_path)
+    if worker or storage is not None or spec.search is not None or spec.cross_validation is not None or (
+            spec.final is not None and spec.final.external):
+        from msb.study.engine import run_study_spec
+
+        return run_study_spec(study_path, track=track, log=log, run_root=run_root, worker=worker,
+                              storage=storage, **study_options)
     runs = generate_runs(study_path)
     outcomes = []
     for run in runs:

@@ -221,7 +221,8 @@ def test_kvasir_bad_limit(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------ registry
 def test_registry_and_unknown_names(tmp_path: Path) -> None:
     assert {"kvasir-seg", "folder", "synthetic"} <= set(CONVERTERS)
-    with pytest.raises(MSBError, match="unknown dataset converter 'nope'; valid names: folder, kvasir-seg, synthetic"):
+    with pytest.raises(MSBError, match="unknown dataset converter 'nope'; valid names: bkai-igh-neopolyp, busi, "
+                                       "cvc-clinicdb, folder, isic2018-task1, kvasir-seg, pranet, synthetic"):
         prepare_dataset("nope", tmp_path, tmp_path / "out")
     with pytest.raises(MSBError, match=r"unknown option\(s\) \['bogus'\] for converter 'kvasir-seg'; valid options: "
                                        r"limit, threshold"):
@@ -363,7 +364,7 @@ def test_dataset_cards() -> None:
         assert card["class_map"][0] == {"class_id": 0, "name": "background", "source_values": [0]}
         assert len(card["known_pitfalls"]) >= 3
     assert cards["kvasir_seg"]["converter"] == "kvasir-seg"
-    assert cards["busi"]["converter"] is None
+    assert cards["busi"]["converter"] == "busi"
     assert "10.1007/978-3-030-37734-2_37" in cards["kvasir_seg"]["doi"]
 
 

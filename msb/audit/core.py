@@ -1,0 +1,270 @@
+"""Audit orchestration: prepared dataset(s) -> fingerprints -> candidate pairs -> relations -> census.
+
+Rules (recorded in ``AuditResult.params``):
+
+* **candidate pair**: two rows whose pHash Hamming distance is ``<= k`` *or* whose dHash distance is ``<= k``
+  (``k = hamming_k``, default 8 of 64 bits). Byte-identical files are always candidates (distance 0).
+* **pixel screens** (``screens=True``): NCC and SSIM of each candidate pair on grey thumbnails
+  (:mod:`msb.audit.screens`); a candidate is *confirmed* when ``ncc >= ncc_min`` (if set) and
+  ``ssim >= ssim_min`` (if set), or when the files are byte-identical. Without screens every candidate is
+  confirmed.
+* **relations** (cluster labels per row): ``identical_bytes`` (same SHA-256), ``identical_phash``,
+  ``near_duplicate`` (connected components of confirmed pairs), ``hash_candidates`` (components of all
+  candidates; only with screens), ``shared_group`` (same non-empty ``group``; single-dataset mode only) and
+  ``same_file_name`` (same lower-case file stem of ``image_path``).
+* **boundary**: the split (``index.csv``'s ``split``, or a split file such as a run's ``split.csv``), or with
+  ``against`` the dataset name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Iterable, Iterator
+
+import imagehash
+import numpy as np
+import pandas as pd
+
+from msb.audit.census import census_table
+from msb.audit.hashing import DEFAULT_THUMB, hash_images, hex64
+from msb.audit.screens import ncc_pairs, screen_description, ssim_pairs
+from msb.audit.search import HAS_BITWISE_COUNT, component_labels, exact_labels, hamming, pairs_within
+from msb.data.schema import load_prepared_dataset
+from msb.data.splits import read_split_file
+from msb.errors import MSBError
+
+
+@dataclass
+class AuditConfig:
+    """Audit parameters.
+
+    Attributes:
+        hamming_k: maximum Hamming distance (bits of 64) for a candidate pair, on pHash or dHash.
+        screens: compute NCC/SSIM for candidate pairs and confirm them with the thresholds below.
+        screen_size: thumbnail side in pixels for the screens.
+        ncc_min: NCC threshold for confirmation (``None`` = not used).
+        ssim_min: SSIM threshold for confirmation (``None`` = not used).
+        workers: processes for hashing and threads for the search.
+        block: rows per search block.
+    """
+
+    hamming_k: int = 8
+    screens: bool = True
+    screen_size: int = DEFAULT_THUMB
+    ncc_min: float | None = 0.95
+    ssim_min: float | None = None
+    workers: int = 1
+    block: int = 256
+
+    def validate(self) -> None:
+        """Raise :class:`MSBError` for out-of-range values (naming the option)."""
+        if isinstance(self.hamming_k, bool) or not isinstance(self.hamming_k, int) or not 0 <= self.hamming_k <= 64:
+            raise MSBError(f"--hamming-k must be an integer in 0..64 (bits of a 64-bit hash), got {self.hamming_k!r}.")
+        if not isinstance(self.screen_size, int) or self.screen_size < 8:
+            raise MSBError(f"--screen-size must be an integer >= 8 (pixels; SSIM needs a 7x7 window), got "
+                           f"{self.screen_size!r}.")
+        for name, v in (("--ncc-min", self.ncc_min), ("--ssim-min", self.ssim_min)):
+            if v is not None and not -1.0 <= float(v) <= 1.0:
+                raise MSBError(f"{name} must be in [-1, 1], got {v!r}.")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise MSBError(f"--workers must be an integer >= 1, got {self.workers!r}.")
+
+
+@dataclass
+class AuditResult:
+    """What :func:`run_audit` found.
+
+    Attributes:
+        rows: one row per image: ``row, key, dataset, sample_id, side, split, group, image_path (absolute),
+            file_stem, sha256, phash, dhash (16-digit hex), height, width, n_bytes`` and one ``cluster_<relation>``
+            label column per relation.
+        pairs: candidate pairs (``a < b`` row numbers): keys, sample ids, datasets, sides, ``phash_distance``,
+            ``dhash_distance``, ``same_bytes``, ``ncc``, ``ssim`` (NaN without screens), ``confirmed``,
+            ``crosses`` (both sides non-empty and different), ``near_duplicate_cluster``.
+        census: :func:`msb.audit.census.census_table` output.
+        params: rules, thresholds, versions, timings (JSON-serialisable).
+        boundary: ``"split"`` or ``"dataset"``.
+        datasets: ``{name: root}`` of the audited datasets.
+    """
+
+    rows: pd.DataFrame
+    pairs: pd.DataFrame
+    census: pd.DataFrame
+    params: dict[str, Any]
+    boundary: str
+    datasets: dict[str, str] = field(default_factory=dict)
+
+    def clusters(self, relation: str = "near_duplicate") -> pd.DataFrame:
+        """Groups with >= 2 rows of ``relation``: ``cluster, n_rows, sides, sample_ids`` (``;``-joined)."""
+        col = f"cluster_{relation}"
+        if col not in self.rows.columns:
+            raise MSBError(f"unknown relation {relation!r}; audited relations: "
+                           f"{[c[8:] for c in self.rows.columns if c.startswith('cluster_')]}.")
+        out = []
+        for lab, g in self.rows.groupby(col, sort=True):
+            if len(g) < 2:
+                continue
+            out.append({"relation": relation, "cluster": int(lab), "n_rows": len(g),
+                        "sides": ";".join(sorted({s for s in g["side"] if s})),
+                        "crosses": len({s for s in g["side"] if s}) >= 2,
+                        "keys": ";".join(g["key"])})
+        return pd.DataFrame(out, columns=["relation", "cluster", "n_rows", "sides", "crosses", "keys"])
+
+
+def _confirmation_rule(cfg: AuditConfig) -> str:
+    if not cfg.screens:
+        return "all candidates (no pixel screens)"
+    parts = ([f"NCC >= {cfg.ncc_min}"] if cfg.ncc_min is not None else []) + \
+        ([f"SSIM >= {cfg.ssim_min}"] if cfg.ssim_min is not None else [])
+    return (" and ".join(parts) or "all candidates") + " (byte-identical files always confirmed)"
+
+
+def _load_rows(root: str | Path, name: str | None, split_file: str | Path | None, key_prefix: bool
+               ) -> tuple[pd.DataFrame, str]:
+    ds = load_prepared_dataset(root, check_files=True)
+    dname = name or ds.name
+    idx = ds.index
+    split = idx["split"].astype(str).to_numpy()
+    if split_file is not None:
+        sf = read_split_file(split_file, known_ids=ds.sample_ids)
+        split = np.array([sf.get(s, "") for s in ds.sample_ids], dtype=object)
+    stems = [PurePosixPath(p).stem.lower() for p in idx["image_path"]]
+    keys = [f"{dname}:{s}" if key_prefix else s for s in ds.sample_ids]
+    rows = pd.DataFrame({"key": keys, "dataset": dname, "sample_id": ds.sample_ids, "split": split,
+                         "group": idx["group"].astype(str).to_numpy(),
+                         "image_path": [str(ds.root / PurePosixPath(p)) for p in idx["image_path"]],
+                         "file_stem": stems})
+    return rows, str(ds.root)
+
+
+def run_audit(dataset: str | Path, against: str | Path | None = None, split_file: str | Path | None = None,
+              config: AuditConfig | None = None,
+              progress: Callable[[Iterable, str, int], Iterator] | None = None) -> AuditResult:
+    """Audit one prepared dataset across its splits, or two datasets against each other.
+
+    Args:
+        dataset: prepared dataset folder.
+        against: a second prepared dataset; the boundary becomes the dataset (``shared_group`` is skipped).
+        split_file: CSV ``sample_id,split`` (e.g. a run's ``split.csv``) replacing ``index.csv``'s split column
+            (single-dataset mode; ids not in the file are unassigned).
+        config: :class:`AuditConfig` (defaults if ``None``).
+        progress: optional ``progress(iterable, description, total)`` wrapper for the hashing loop.
+
+    Returns:
+        :class:`AuditResult`.
+
+    Raises:
+        MSBError: invalid dataset(s) or split file, the same dataset given twice, ``split_file`` with
+            ``against``, unreadable images, bad config values.
+    """
+    cfg = config or AuditConfig()
+    cfg.validate()
+    t0 = time.perf_counter()
+    if against is not None:
+        if split_file is not None:
+            raise MSBError("--split-file applies to a single-dataset audit; drop it or --against.")
+        if Path(dataset).expanduser().resolve() == Path(against).expanduser().resolve():
+            raise MSBError(f"--against {against} is the audited dataset itself; give a different dataset.")
+        a, root_a = _load_rows(dataset, None, None, True)
+        name_b = Path(against).expanduser().resolve().name
+        if name_b == a["dataset"].iat[0]:
+            name_b = f"{name_b}(2)"
+        b, root_b = _load_rows(against, name_b, None, True)
+        rows = pd.concat([a, b], ignore_index=True)
+        rows["side"] = rows["dataset"]
+        boundary = "dataset"
+        datasets = {str(a["dataset"].iat[0]): root_a, name_b: root_b}
+    else:
+        rows, root = _load_rows(dataset, None, split_file, False)
+        rows["side"] = rows["split"]
+        boundary = "split"
+        datasets = {str(rows["dataset"].iat[0]): root}
+    n = len(rows)
+    paths = rows["image_path"].tolist()
+    wrap = (lambda it: progress(it, "fingerprinting", n)) if progress else None
+    t_hash = time.perf_counter()
+    table = hash_images(paths, thumb_size=cfg.screen_size, workers=cfg.workers, progress=wrap)
+    t_hash = time.perf_counter() - t_hash
+    rows["sha256"] = table.sha256
+    rows["phash"] = hex64(table.phash)
+    rows["dhash"] = hex64(table.dhash)
+    rows["height"], rows["width"], rows["n_bytes"] = table.height, table.width, table.n_bytes
+
+    # candidate pairs: pHash <= k or dHash <= k (identical bytes have distance 0 in both)
+    t_search = time.perf_counter()
+    k = cfg.hamming_k
+    pi, pj, _ = pairs_within(table.phash, k, block=cfg.block, workers=cfg.workers)
+    di, dj, _ = pairs_within(table.dhash, k, block=cfg.block, workers=cfg.workers)
+    code = np.unique(np.concatenate([pi * n + pj, di * n + dj]))
+    ia, ib = (code // n).astype(np.int64), (code % n).astype(np.int64)
+    t_search = time.perf_counter() - t_search
+    same_bytes = table.sha256[ia] == table.sha256[ib] if len(ia) else np.zeros(0, bool)
+    same_bytes = np.asarray(same_bytes, dtype=bool)
+    t_screen = time.perf_counter()
+    if cfg.screens and len(ia):
+        ncc = ncc_pairs(table.thumbs, ia, ib)
+        ssim = ssim_pairs(table.thumbs, ia, ib)
+        ok = np.ones(len(ia), bool)
+        if cfg.ncc_min is not None:
+            ok &= ncc >= cfg.ncc_min  # NaN compares False
+        if cfg.ssim_min is not None:
+            ok &= ssim >= cfg.ssim_min
+        confirmed = ok | same_bytes
+    else:
+        ncc = np.full(len(ia), np.nan)
+        ssim = np.full(len(ia), np.nan)
+        confirmed = np.ones(len(ia), bool)
+    t_screen = time.perf_counter() - t_screen
+
+    relations: dict[str, np.ndarray] = {
+        "identical_bytes": exact_labels(rows["sha256"].to_numpy().astype(str)),
+        "identical_phash": exact_labels(table.phash),
+        "near_duplicate": component_labels(n, ia[confirmed], ib[confirmed]),
+    }
+    if cfg.screens:
+        relations["hash_candidates"] = component_labels(n, ia, ib)
+    if boundary == "split":
+        g = rows["group"].to_numpy().astype(str)
+        relations["shared_group"] = exact_labels(np.where(g != "", np.char.add("g:", g),
+                                                          np.char.add("row:", np.arange(n).astype(str))))
+    relations["same_file_name"] = exact_labels(rows["file_stem"].to_numpy().astype(str))
+    for name, lab in relations.items():
+        rows[f"cluster_{name}"] = lab
+    rows.insert(0, "row", np.arange(n))
+
+    side = rows["side"].to_numpy().astype(str)
+    pairs = pd.DataFrame({
+        "a": ia, "b": ib, "key_a": rows["key"].to_numpy()[ia], "key_b": rows["key"].to_numpy()[ib],
+        "sample_id_a": rows["sample_id"].to_numpy()[ia], "sample_id_b": rows["sample_id"].to_numpy()[ib],
+        "dataset_a": rows["dataset"].to_numpy()[ia], "dataset_b": rows["dataset"].to_numpy()[ib],
+        "side_a": side[ia], "side_b": side[ib],
+        "phash_distance": hamming(table.phash[ia], table.phash[ib]).astype(np.int64),
+        "dhash_distance": hamming(table.dhash[ia], table.dhash[ib]).astype(np.int64),
+        "same_bytes": same_bytes, "ncc": ncc, "ssim": ssim, "confirmed": confirmed,
+        "crosses": (side[ia] != "") & (side[ib] != "") & (side[ia] != side[ib]),
+        "near_duplicate_cluster": relations["near_duplicate"][ia],
+    })
+    census = census_table(relations, side, rows["file_stem"].to_numpy().astype(str))
+    params = {
+        "boundary": boundary, "datasets": datasets, "split_file": str(split_file) if split_file else None,
+        "n_rows": n, "n_unassigned_rows": int((side == "").sum()),
+        "config": asdict(cfg),
+        "candidate_rule": f"pHash Hamming distance <= {k} or dHash Hamming distance <= {k} (64-bit hashes)",
+        "hashes": "imagehash.phash(hash_size=8, highfreq_factor=4) and imagehash.dhash(hash_size=8) of the PIL "
+                  "convert('L') grey image; SHA-256 of the file bytes",
+        "screens": screen_description(cfg.screen_size) if cfg.screens else None,
+        "confirmation_rule": _confirmation_rule(cfg),
+        "relations": list(relations),
+        "filename_check": "lower-case file stem of image_path equal on another side",
+        "n_candidate_pairs": int(len(ia)), "n_confirmed_pairs": int(confirmed.sum()),
+        "versions": {"imagehash": imagehash.__version__, "numpy": np.__version__,
+                     "popcount": "np.bitwise_count" if HAS_BITWISE_COUNT else "byte lookup table"},
+        "seconds": {"fingerprinting": round(t_hash, 3), "search": round(t_search, 3),
+                    "screens": round(t_screen, 3), "total": round(time.perf_counter() - t0, 3)},
+    }
+    return AuditResult(rows=rows, pairs=pairs, census=census, params=params, boundary=boundary, datasets=datasets)
+
+
+__all__ = ["AuditConfig", "AuditResult", "run_audit"]

@@ -1,0 +1,77 @@
+"""``msb audit`` as one function: audit -> reports -> (optionally) curated dataset.
+
+Modes:
+
+* audit only (default): :func:`msb.audit.core.run_audit` + :func:`msb.audit.report.write_audit` into ``out``
+  (default ``<dataset>/audit``, or ``<dataset>/audit_vs_<other>`` with ``against``);
+* ``apply`` only (a decisions CSV, no ``apply_clusters``): no audit is run; the decisions are applied
+  (:func:`msb.audit.curate.apply_decisions`);
+* ``apply_clusters``: audit, then every near-duplicate cluster becomes a group in a curated dataset. A decisions
+  file given with it takes precedence for the samples it names; the combined decisions are written to
+  ``<out>/decisions_applied.csv`` (the file recorded in ``curation.json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import pandas as pd
+
+from msb.audit.core import AuditConfig, AuditResult, run_audit
+from msb.audit.curate import CurationReport, apply_decisions, cluster_decisions, read_decisions
+from msb.audit.report import write_audit
+from msb.data.schema import load_prepared_dataset
+from msb.errors import MSBError
+from msb.utils.atomic import atomic_write_text
+
+
+@dataclass
+class AuditOutcome:
+    """What :func:`audit_dataset` did: the audit (or None), the files written, the curation (or None)."""
+
+    result: AuditResult | None = None
+    written: list[Path] = field(default_factory=list)
+    curation: CurationReport | None = None
+
+
+def default_out(dataset: str | Path, against: str | Path | None) -> Path:
+    """``<dataset>/audit`` or ``<dataset>/audit_vs_<other folder name>``."""
+    root = Path(dataset).expanduser()
+    return root / ("audit" if against is None else f"audit_vs_{Path(against).expanduser().resolve().name}")
+
+
+def audit_dataset(dataset: str | Path, *, against: str | Path | None = None, out: str | Path | None = None,
+                  config: AuditConfig | None = None, split_file: str | Path | None = None,
+                  apply: str | Path | None = None, apply_clusters: bool = False,
+                  curated_out: str | Path | None = None, overwrite: bool = False, max_sheet_pairs: int = 300,
+                  progress: Callable[[Iterable, str, int], Iterator] | None = None) -> AuditOutcome:
+    """Run the ``msb audit`` modes described in the module docstring.
+
+    Raises:
+        MSBError: ``apply``/``apply_clusters`` with ``against`` (curation is per dataset), and every error of
+            the called stages.
+    """
+    if against is not None and (apply is not None or apply_clusters):
+        raise MSBError("--apply/--apply-clusters curate one dataset; run them without --against.")
+    if apply is not None and not apply_clusters:
+        return AuditOutcome(curation=apply_decisions(dataset, apply, curated_out, overwrite=overwrite))
+    result = run_audit(dataset, against=against, split_file=split_file, config=config, progress=progress)
+    out_dir = Path(out) if out is not None else default_out(dataset, against)
+    written = write_audit(result, out_dir, max_sheet_pairs=max_sheet_pairs)
+    curation = None
+    if apply_clusters:
+        dec = cluster_decisions(result)
+        if apply is not None:
+            user = read_decisions(apply, load_prepared_dataset(dataset, check_files=False).sample_ids)
+            dec = pd.concat([dec[~dec["sample_id"].isin(set(user["sample_id"]))],
+                             user.drop(columns=["line"])], ignore_index=True)
+        applied = out_dir / "decisions_applied.csv"
+        atomic_write_text(applied, dec.to_csv(index=False, lineterminator="\n"))
+        written.append(applied)
+        curation = apply_decisions(dataset, applied, curated_out, overwrite=overwrite)
+    return AuditOutcome(result=result, written=written, curation=curation)
+
+
+__all__ = ["audit_dataset", "AuditOutcome", "default_out"]

@@ -1,0 +1,157 @@
+"""Audit reports: CSV tables, one XLSX workbook (openpyxl) and an HTML contact sheet for manual review.
+
+Files written into the audit folder (each atomically; an existing file is replaced):
+
+==========================  ==================================================================================
+file                        content
+==========================  ==================================================================================
+``census.csv``              the cross-boundary census (:mod:`msb.audit.census`), one row per quantity
+``pairs.csv``               every candidate pair with its distances, screens, ``confirmed``, ``crosses``
+``clusters.csv``            groups with >= 2 rows of every relation (``keys`` ``;``-joined)
+``images.csv``              one row per image: hashes, sizes, cluster label per relation
+``audit.xlsx``              sheets ``census``, ``pairs``, ``clusters``, ``images``, ``parameters``
+``contact_sheet.html``      candidate pairs side by side (crossing first, then by distance) with their numbers
+``audit.json``              parameters (rules, thresholds, screen resolution and interpolation, versions, times)
+``decisions_template.csv``  single-dataset mode: one ``group`` decision per near-duplicate cluster member, ready
+                            for ``msb audit --apply`` (edit ``action`` to ``drop``/``keep`` as reviewed)
+==========================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from jinja2 import Environment
+from PIL import Image
+
+from msb.audit.core import AuditResult
+from msb.utils.atomic import atomic_path, atomic_write_text
+
+_SHEET = Environment(autoescape=True).from_string("""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>msb audit: {{ title }}</title>
+<style>
+body{font-family:sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em}
+td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
+.pair{display:inline-block;border:1px solid #bbb;margin:6px;padding:6px;vertical-align:top;width:{{ 2*px+24 }}px}
+.pair.cross{border:2px solid #c0392b}
+.pair img{max-width:{{ px }}px;max-height:{{ px }}px;margin:2px}
+.meta{font-size:12px}
+.no{color:#888}
+</style></head><body>
+<h1>Duplicate and leakage audit: {{ title }}</h1>
+<p>Boundary: <b>{{ params.boundary }}</b>. Rows: {{ params.n_rows }} ({{ params.n_unassigned_rows }} without a side).
+Candidate rule: {{ params.candidate_rule }}. Confirmation: {{ params.confirmation_rule }}.
+{% if params.screens %}Screens: {{ params.screens }}.{% endif %}</p>
+<h2>Census</h2>
+<table><tr><th>relation</th><th>quantity</th><th>scope</th><th>count</th><th>unit</th><th>of</th><th>denominator unit</th></tr>
+{% for r in census %}<tr><td>{{ r.relation }}</td><td>{{ r.quantity }}</td><td>{{ r.scope }}</td><td>{{ r.count }}</td>
+<td>{{ r.unit }}</td><td>{{ r.denominator }}</td><td>{{ r.denominator_unit }}</td></tr>
+{% endfor %}</table>
+<h2>Candidate pairs ({{ shown }} of {{ total }} shown{% if total > shown %}; the rest are in pairs.csv{% endif %})</h2>
+<p>Red frame: the pair crosses the boundary. Distances are Hamming distances of 64-bit hashes.</p>
+{% for p in pairs %}<div class="pair{% if p.crosses %} cross{% endif %}">
+<img src="{{ p.img_a }}" alt="{{ p.key_a }}"><img src="{{ p.img_b }}" alt="{{ p.key_b }}">
+<div class="meta"><b>{{ p.key_a }}</b> ({{ p.side_a or "no side" }}) &harr; <b>{{ p.key_b }}</b> ({{ p.side_b or "no side" }})<br>
+pHash d={{ p.phash_distance }}, dHash d={{ p.dhash_distance }}{% if p.same_bytes %}, <b>identical bytes</b>{% endif %}<br>
+NCC={{ p.ncc }}, SSIM={{ p.ssim }}, {% if p.confirmed %}confirmed{% else %}<span class="no">not confirmed</span>{% endif %},
+cluster {{ p.near_duplicate_cluster }}</div></div>
+{% endfor %}
+</body></html>
+""")
+
+
+def _thumb_data_uri(path: str, px: int) -> str:
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            im.thumbnail((px, px), Image.Resampling.BILINEAR)
+            buf = io.BytesIO()
+            im.save(buf, format="PNG", optimize=False)
+    except (OSError, ValueError):
+        return ""
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _fmt(v: float) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
+
+
+def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 160) -> str:
+    """HTML text of the contact sheet (thumbnails embedded as PNG data URIs, ``px`` pixels on the long side).
+
+    Pairs are ordered crossing first, then confirmed, then by pHash and dHash distance; at most ``max_pairs``.
+    """
+    p = result.pairs.sort_values(["crosses", "confirmed", "phash_distance", "dhash_distance", "a", "b"],
+                                 ascending=[False, False, True, True, True, True]).head(max_pairs)
+    paths = result.rows["image_path"].to_numpy()
+    items = []
+    for r in p.itertuples(index=False):
+        items.append({"key_a": r.key_a, "key_b": r.key_b, "side_a": r.side_a, "side_b": r.side_b,
+                      "phash_distance": int(r.phash_distance), "dhash_distance": int(r.dhash_distance),
+                      "same_bytes": bool(r.same_bytes), "ncc": _fmt(r.ncc), "ssim": _fmt(r.ssim),
+                      "confirmed": bool(r.confirmed), "crosses": bool(r.crosses),
+                      "near_duplicate_cluster": int(r.near_duplicate_cluster),
+                      "img_a": _thumb_data_uri(paths[r.a], px), "img_b": _thumb_data_uri(paths[r.b], px)})
+    title = " vs ".join(result.datasets)
+    return _SHEET.render(title=title, params=result.params, census=result.census.to_dict("records"), pairs=items,
+                         shown=len(items), total=len(result.pairs), px=px)
+
+
+def all_clusters(result: AuditResult) -> pd.DataFrame:
+    """Groups with >= 2 rows of every relation (see :meth:`AuditResult.clusters`)."""
+    rels = [c[len("cluster_"):] for c in result.rows.columns if c.startswith("cluster_")]
+    frames = [result.clusters(r) for r in rels]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else result.clusters(rels[0])
+
+
+def write_audit(result: AuditResult, out_dir: str | Path, max_sheet_pairs: int = 300, thumb_px: int = 160
+                ) -> list[Path]:
+    """Write the report files listed in the module docstring into ``out_dir``.
+
+    Args:
+        result: from :func:`msb.audit.core.run_audit`.
+        out_dir: audit folder (created if needed).
+        max_sheet_pairs: pairs shown on the contact sheet (all are in ``pairs.csv``).
+        thumb_px: contact-sheet thumbnail size (long side, pixels).
+
+    Returns:
+        The written paths.
+    """
+    from msb.audit.curate import cluster_decisions
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    clusters = all_clusters(result)
+    params = pd.DataFrame([{"parameter": k, "value": json.dumps(v) if isinstance(v, (dict, list)) else v}
+                           for k, v in result.params.items()])
+    written = []
+    tables = {"census.csv": result.census, "pairs.csv": result.pairs, "clusters.csv": clusters,
+              "images.csv": result.rows}
+    for name, df in tables.items():
+        atomic_write_text(out / name, df.to_csv(index=False, lineterminator="\n"))
+        written.append(out / name)
+    with atomic_path(out / "audit.xlsx") as tmp:
+        with pd.ExcelWriter(tmp, engine="openpyxl") as xw:
+            for sheet, df in (("census", result.census), ("pairs", result.pairs), ("clusters", clusters),
+                              ("images", result.rows), ("parameters", params)):
+                df.to_excel(xw, sheet_name=sheet, index=False)
+    written.append(out / "audit.xlsx")
+    atomic_write_text(out / "contact_sheet.html", render_contact_sheet(result, max_sheet_pairs, thumb_px))
+    written.append(out / "contact_sheet.html")
+    atomic_write_text(out / "audit.json", json.dumps(result.params, indent=2, sort_keys=True, default=str) + "\n")
+    written.append(out / "audit.json")
+    if result.boundary == "split":
+        atomic_write_text(out / "decisions_template.csv",
+                          cluster_decisions(result).to_csv(index=False, lineterminator="\n"))
+        written.append(out / "decisions_template.csv")
+    return written
+
+
+__all__ = ["write_audit", "render_contact_sheet", "all_clusters"]

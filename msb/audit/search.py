@@ -1,0 +1,156 @@
+"""Near-duplicate search over packed 64-bit hashes, exact-value groups and connected components.
+
+Hamming distance ``d(a, b) = popcount(a XOR b)`` (number of differing bits). :func:`pairs_within` finds every
+pair ``i < j`` with ``d <= k`` by exhaustive comparison, vectorised in row blocks: a block of ``B`` hashes is
+XOR-ed against all later hashes in one numpy operation, bits are counted with ``np.bitwise_count`` (numpy >= 2.0;
+a 256-entry byte lookup table otherwise) and the positions with ``d <= k`` are kept. Work is ``N(N-1)/2``
+comparisons but at numpy speed (no Python loop per pair); memory is ``O(B * N)``. Blocks run in ``workers``
+threads (numpy releases the GIL inside these ufuncs).
+
+Clusters: the relation "linked by a candidate pair" is closed transitively (single linkage) with
+``scipy.sparse.csgraph.connected_components``, which gives the same partition as union-find.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+_BYTE_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
+HAS_BITWISE_COUNT = hasattr(np, "bitwise_count")
+
+
+def popcount64(x: np.ndarray) -> np.ndarray:
+    """Number of set bits of each ``uint64`` element.
+
+    Args:
+        x: ``uint64`` array of any shape.
+
+    Returns:
+        ``uint8`` array of the same shape (values 0..64).
+    """
+    x = np.asarray(x, dtype=np.uint64)
+    if HAS_BITWISE_COUNT:
+        return np.bitwise_count(x)
+    return _BYTE_POPCOUNT[np.ascontiguousarray(x).view(np.uint8)].reshape(x.shape + (8,)).sum(
+        axis=-1, dtype=np.uint8)
+
+
+def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Element-wise Hamming distance of two broadcastable ``uint64`` arrays (``uint8`` result)."""
+    return popcount64(np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)))
+
+
+def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All pairs ``i < j`` with ``hamming(hashes[i], hashes[j]) <= k``.
+
+    Args:
+        hashes: ``(N,)`` ``uint64``.
+        k: maximum Hamming distance (0..64).
+        block: rows per block (memory ``~ 10 * block * N`` bytes per worker).
+        workers: threads.
+
+    Returns:
+        ``(i, j, d)``: ``int64``, ``int64``, ``uint8`` arrays sorted by ``(i, j)``.
+
+    Raises:
+        ValueError: ``k`` outside 0..64, ``block`` or ``workers`` < 1.
+    """
+    h = np.ascontiguousarray(hashes, dtype=np.uint64).ravel()
+    if not 0 <= int(k) <= 64:
+        raise ValueError(f"k must be in 0..64, got {k}")
+    if block < 1 or workers < 1:
+        raise ValueError("block and workers must be >= 1")
+    n = len(h)
+    local = threading.local()
+
+    def run(start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        stop = min(start + block, n)
+        rows, cols = h[start:stop], h[start:]
+        shape = (stop - start, n - start)
+        buf = getattr(local, "buf", None)
+        if buf is None or buf.size < shape[0] * shape[1]:
+            local.buf = buf = np.empty(block * n, dtype=np.uint64)
+            local.cnt = np.empty(block * n, dtype=np.uint8)
+            local.hit = np.empty(block * n, dtype=bool)
+        x = buf[: shape[0] * shape[1]].reshape(shape)
+        np.bitwise_xor(rows[:, None], cols[None, :], out=x)
+        if HAS_BITWISE_COUNT:
+            d = local.cnt[: x.size].reshape(shape)
+            np.bitwise_count(x, out=d)
+        else:
+            d = popcount64(x)
+        hit = local.hit[: x.size].reshape(shape)
+        np.less_equal(d, k, out=hit)
+        r, c = np.nonzero(hit)
+        keep = c > r
+        r, c = r[keep], c[keep]
+        return r.astype(np.int64) + start, c.astype(np.int64) + start, d[r, c].astype(np.uint8)
+
+    starts = list(range(0, n, block))
+    if workers == 1 or len(starts) < 2:
+        parts = [run(s) for s in starts]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            parts = list(ex.map(run, starts))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8)
+    i = np.concatenate([p[0] for p in parts])
+    j = np.concatenate([p[1] for p in parts])
+    d = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((j, i))
+    return i[order], j[order], d[order]
+
+
+def exact_labels(values: np.ndarray) -> np.ndarray:
+    """Label rows by value: equal values share a label (``int64``, labels ``0..G-1`` in sorted-value order)."""
+    _, inv = np.unique(np.asarray(values), return_inverse=True)
+    return inv.astype(np.int64).ravel()
+
+
+def component_labels(n: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """Connected components of the undirected graph on ``n`` nodes with edges ``(i[t], j[t])``.
+
+    Returns:
+        ``(n,)`` ``int64`` labels; nodes without edges are components of their own. Labels are renumbered so
+        that components appear in order of their smallest node (deterministic).
+    """
+    i = np.asarray(i, dtype=np.int64)
+    j = np.asarray(j, dtype=np.int64)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    graph = coo_matrix((np.ones(len(i), dtype=np.int8), (i, j)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    return first_occurrence_labels(labels)
+
+
+def first_occurrence_labels(labels: np.ndarray) -> np.ndarray:
+    """Renumber labels ``0..G-1`` in order of first occurrence (so the result is independent of label values)."""
+    labels = np.asarray(labels).ravel()
+    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inv.ravel()]
+
+
+def naive_pairs(hashes: list, k: int) -> list[tuple[int, int, int]]:
+    """Reference O(N^2) Python loop over imagehash objects (``h1 - h2`` is their Hamming distance).
+
+    Only for benchmarks and tests on small samples.
+    """
+    out = []
+    for a in range(len(hashes)):
+        for b in range(a + 1, len(hashes)):
+            d = hashes[a] - hashes[b]
+            if d <= k:
+                out.append((a, b, int(d)))
+    return out
+
+
+__all__ = ["popcount64", "hamming", "pairs_within", "exact_labels", "component_labels", "first_occurrence_labels",
+           "naive_pairs", "HAS_BITWISE_COUNT"]

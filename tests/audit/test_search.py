@@ -1,0 +1,124 @@
+"""Packed hashes, vectorised Hamming search, exact groups and connected components vs independent references."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from pathlib import Path
+
+import imagehash
+import numpy as np
+import pytest
+from PIL import Image
+
+from msb.audit import search
+from msb.audit.hashing import fingerprint, hash_images, hex64, pack_hash
+from msb.audit.search import component_labels, exact_labels, hamming, naive_pairs, pairs_within, popcount64
+from msb.errors import MSBError
+
+
+def python_pairs(hashes: list[int], k: int) -> set[tuple[int, int, int]]:
+    """Reference: plain Python loop with int.bit_count (independent of numpy)."""
+    return {(a, b, bin(hashes[a] ^ hashes[b]).count("1")) for a, b in combinations(range(len(hashes)), 2)
+            if bin(hashes[a] ^ hashes[b]).count("1") <= k}
+
+
+def planted_hashes(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 2**63, n, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, n, dtype=np.uint64)
+    for t in range(0, n - 1, 7):  # near copies: flip t % 5 bits of an earlier hash
+        flips = rng.choice(64, size=t % 5, replace=False)
+        v = int(h[t])
+        for f in flips:
+            v ^= 1 << int(f)
+        h[t + 1] = np.uint64(v)
+    h[n - 1] = h[0]  # an exact copy far away in the order
+    return h
+
+
+@pytest.mark.parametrize("block,workers", [(1, 1), (7, 1), (64, 2), (1000, 1)])
+def test_pairs_within_matches_python_loop(block: int, workers: int) -> None:
+    h = planted_hashes(300, 0)
+    ref = python_pairs([int(v) for v in h], 6)
+    i, j, d = pairs_within(h, 6, block=block, workers=workers)
+    assert set(zip(i.tolist(), j.tolist(), d.tolist())) == ref
+    assert len(i) == len(ref) >= 40  # planted ones found (random pairs at <= 6 bits are ~1e-11 likely)
+    assert np.all(i < j) and list(zip(i, j)) == sorted(zip(i, j))
+
+
+def test_popcount_and_lookup_table_fallback(monkeypatch) -> None:
+    vals = np.array([0, 1, 2**64 - 1, 0x8000000000000000, 0x0F0F0F0F0F0F0F0F, 12345678901234567890], np.uint64)
+    expected = [bin(int(v)).count("1") for v in vals]
+    assert popcount64(vals).tolist() == expected == [0, 1, 64, 1, 32, bin(12345678901234567890).count("1")]
+    monkeypatch.setattr(search, "HAS_BITWISE_COUNT", False)
+    assert search.popcount64(vals).tolist() == expected
+    h = planted_hashes(120, 3)
+    i, j, d = search.pairs_within(h, 4, block=16)
+    assert set(zip(i.tolist(), j.tolist(), d.tolist())) == python_pairs([int(v) for v in h], 4)
+    assert hamming(np.uint64(0b1011), np.uint64(0b0110)) == 3
+
+
+def test_pairs_within_edge_cases() -> None:
+    assert [len(x) for x in pairs_within(np.zeros(0, np.uint64), 3)] == [0, 0, 0]
+    assert [len(x) for x in pairs_within(np.array([5], np.uint64), 3)] == [0, 0, 0]
+    i, j, d = pairs_within(np.array([7, 7, 7], np.uint64), 0)
+    assert list(zip(i, j, d)) == [(0, 1, 0), (0, 2, 0), (1, 2, 0)]
+    with pytest.raises(ValueError):
+        pairs_within(np.array([1, 2], np.uint64), 65)
+
+
+def test_naive_imagehash_loop_agrees(tmp_path: Path, helpers) -> None:
+    """The vectorised search and imagehash's own ``h1 - h2`` loop find the same pairs on real hashes."""
+    paths = []
+    for s in range(10):
+        p = tmp_path / f"{s}.png"
+        helpers.write_rgb(p, helpers.smooth_image(s % 6))  # 4 duplicated images
+        paths.append(p)
+    objs = [imagehash.phash(Image.open(p)) for p in paths]
+    table = hash_images(paths)
+    assert hex64(table.phash) == [str(o) for o in objs]
+    i, j, d = pairs_within(table.phash, 10)
+    assert list(zip(i.tolist(), j.tolist(), d.tolist())) == naive_pairs(objs, 10)
+    assert len(i) == 4
+
+
+def test_pack_hash_equals_imagehash_hex(tmp_path: Path, helpers) -> None:
+    p = tmp_path / "x.png"
+    helpers.write_rgb(p, helpers.smooth_image(11))
+    h = imagehash.dhash(Image.open(p))
+    assert f"{pack_hash(h):016x}" == str(h)
+    fp = fingerprint(p, thumb_size=16)
+    assert fp.thumb.shape == (16, 16) and fp.thumb.dtype == np.uint8
+    assert (fp.height, fp.width) == (96, 128) and fp.n_bytes == p.stat().st_size
+    import hashlib
+
+    assert fp.sha256 == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_hash_images_reports_unreadable_files(tmp_path: Path, helpers) -> None:
+    good = tmp_path / "good.png"
+    helpers.write_rgb(good, helpers.smooth_image(1))
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(MSBError, match=r"1 image\(s\) could not be fingerprinted: .*bad.png: cannot decode image"):
+        hash_images([good, bad])
+    with pytest.raises(MSBError, match=r"missing.png: cannot read image file"):
+        hash_images([tmp_path / "missing.png"])
+
+
+def test_hash_images_two_processes_same_result(tmp_path: Path, helpers) -> None:
+    paths = []
+    for s in range(6):
+        p = tmp_path / f"{s}.png"
+        helpers.write_rgb(p, helpers.smooth_image(s))
+        paths.append(p)
+    a, b = hash_images(paths), hash_images(paths, workers=2)
+    assert np.array_equal(a.phash, b.phash) and np.array_equal(a.dhash, b.dhash)
+    assert np.array_equal(a.thumbs, b.thumbs) and list(a.sha256) == list(b.sha256)
+
+
+def test_exact_and_component_labels() -> None:
+    assert exact_labels(np.array(["x", "y", "x", "z"])).tolist() == [0, 1, 0, 2]
+    # edges 0-3, 3-5, 1-2 over 7 nodes -> {0,3,5}, {1,2}, {4}, {6}; numbered by smallest node
+    lab = component_labels(7, np.array([0, 3, 1]), np.array([3, 5, 2]))
+    assert lab.tolist() == [0, 1, 1, 0, 2, 0, 3]
+    assert component_labels(3, np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == [0, 1, 2]
