@@ -1,0 +1,157 @@
+"""Systems (the things compared) in a counts table, and pairing their images.
+
+A *system* is one evaluated model configuration on one dataset split with one checkpoint role: by default
+one run (the fold runs of one configuration pooled, see :func:`find_systems`), or, with ``by="model"``, every
+run of a registry model. Two systems are compared on the same
+images: rows are paired on :data:`msb.analysis.rules.PAIR_KEY` (``dataset, split, image_id``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from msb.analysis.rules import PAIR_KEY, ImageTable, image_table
+from msb.errors import MSBError
+
+__all__ = ["SYSTEM_BY", "System", "find_systems", "comparison_blocks", "align_tables"]
+
+#: Ways to define a system: ``run`` (run id, fold token removed) or ``model`` (registry name).
+SYSTEM_BY: tuple[str, ...] = ("run", "model")
+_FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
+_HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_MAX_LISTED = 5
+
+
+@dataclass(frozen=True)
+class System:
+    """One compared system.
+
+    Attributes:
+        label: short display name (unique within a study's comparison block).
+        dataset, split, checkpoint_role: what was evaluated.
+        run_ids: the runs pooled into the system (several for K-fold runs).
+        rows: its counts rows.
+    """
+
+    label: str
+    dataset: str
+    split: str
+    checkpoint_role: str
+    run_ids: tuple[str, ...]
+    rows: pd.DataFrame
+
+    def table(self) -> ImageTable:
+        """The system's :class:`~msb.analysis.rules.ImageTable` (raises :class:`MSBError` on bad rows)."""
+        return image_table(self.rows, f"system {self.label!r}")
+
+
+def _name(run_id: str, dataset: str, is_fold: bool = False) -> str:
+    name = _FOLD_TOKEN.sub("", run_id)
+    if is_fold:  # fold runs differ by their config hash too: <dataset>-<arch>-<hash8>
+        name = _HASH_SUFFIX.sub("", name)
+    prefix = f"{dataset}-"
+    return name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else name
+
+
+def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
+    """Split a counts table into systems.
+
+    Args:
+        df: counts rows (several runs, datasets, splits, roles).
+        by: ``"run"``: one system per run id with the ``<dataset>-`` prefix removed; for fold rows
+            (``fold >= 0``) a ``fold<k>`` token and a trailing ``-<8 hex>`` config hash are removed too, so the
+            folds of one configuration (``<dataset>-<arch>-<hash8>`` per fold) form one system;
+            ``"model"``: one per ``model`` value.
+
+    Returns:
+        Systems sorted by dataset, split, label; labels get ``@<role>`` appended when the table holds more
+        than one checkpoint role.
+
+    Raises:
+        MSBError: unknown ``by``; empty table.
+    """
+    if by not in SYSTEM_BY:
+        raise MSBError(f"unknown system definition {by!r}; choose from {list(SYSTEM_BY)}")
+    if len(df) == 0:
+        raise MSBError("no count rows: nothing to compare")
+    names = (df["model"].astype(str) if by == "model"
+             else pd.Series([_name(r, d, f >= 0) for r, d, f in zip(df["run_id"].astype(str), df["dataset"].astype(str),
+                                                                    df["fold"].to_numpy())], index=df.index))
+    roles = df["checkpoint_role"].astype(str)
+    several_roles = roles.nunique() > 1
+    out = []
+    keys = pd.DataFrame({"dataset": df["dataset"].astype(str), "split": df["split"].astype(str),
+                         "name": names, "role": roles})
+    for (ds, sp, name, role), idx in keys.groupby(["dataset", "split", "name", "role"], sort=True).groups.items():
+        rows = df.loc[idx]
+        label = f"{name}@{role}" if several_roles else name
+        out.append(System(label, ds, sp, role, tuple(sorted(set(rows["run_id"].astype(str)))), rows))
+    return out
+
+
+def comparison_blocks(systems: Sequence[System]) -> dict[tuple[str, str], list[System]]:
+    """Systems grouped by ``(dataset, split)``: only systems evaluated on the same images are compared."""
+    out: dict[tuple[str, str], list[System]] = {}
+    for s in systems:
+        out.setdefault((s.dataset, s.split), []).append(s)
+    return out
+
+
+def align_tables(tables: Mapping[str, ImageTable], on_mismatch: str = "error") -> dict[str, ImageTable]:
+    """Reorder several systems' tables so that row ``i`` is the same image in all of them.
+
+    Args:
+        tables: label -> table.
+        on_mismatch: ``"error"``: the image sets must be equal; ``"intersect"``: keep the common images.
+
+    Returns:
+        label -> table restricted to the common images, all in the first table's image order.
+
+    Raises:
+        MSBError: an image occurring twice within one system (e.g. two runs of the same configuration pooled:
+            compare them as separate systems); different class ids; with ``"error"``, different image sets
+            (counts and the first differing ids are named); no common image.
+    """
+    labels = list(tables)
+    if not labels:
+        return {}
+    keyed = {}
+    for lab in labels:
+        t = tables[lab]
+        idx = pd.MultiIndex.from_frame(t.keys[list(PAIR_KEY)].astype(object))
+        if idx.has_duplicates:
+            dup = idx[idx.duplicated()][0]
+            raise MSBError(f"system {lab!r}: image {dup[-1]!r} ({dup[0]}/{dup[1]}) occurs in several of its runs "
+                           f"{sorted(set(t.keys['run_id']))}; compare those runs as separate systems "
+                           f"(system definition 'run')")
+        keyed[lab] = idx
+    ref = labels[0]
+    for lab in labels[1:]:
+        if not np.array_equal(tables[lab].class_ids, tables[ref].class_ids):
+            raise MSBError(f"systems {ref!r} and {lab!r} have different classes "
+                           f"({tables[ref].class_ids.tolist()} vs {tables[lab].class_ids.tolist()})")
+    common = keyed[ref]
+    for lab in labels[1:]:
+        common = common.intersection(keyed[lab], sort=False)
+    if on_mismatch not in ("error", "intersect"):
+        raise ValueError(f"on_mismatch must be 'error' or 'intersect', not {on_mismatch!r}")
+    if on_mismatch == "error":
+        for lab in labels[1:]:
+            only_a = keyed[ref].difference(keyed[lab])
+            only_b = keyed[lab].difference(keyed[ref])
+            if len(only_a) or len(only_b):
+                raise MSBError(
+                    f"systems {ref!r} and {lab!r} were evaluated on different images: {len(only_a)} only in "
+                    f"{ref!r} (first {[k[-1] for k in only_a[:_MAX_LISTED]]}), {len(only_b)} only in {lab!r} "
+                    f"(first {[k[-1] for k in only_b[:_MAX_LISTED]]}); paired comparisons need the same images")
+    if len(common) == 0:
+        raise MSBError(f"systems {labels} share no image (paired on {list(PAIR_KEY)})")
+    order = keyed[ref].get_indexer(common)
+    order = np.sort(order)
+    common_sorted = keyed[ref][order]
+    return {lab: tables[lab].subset(keyed[lab].get_indexer(common_sorted)) for lab in labels}

@@ -1,0 +1,132 @@
+"""Image-level percentile bootstrap: against the normal-theory interval of a known distribution, against
+scipy.stats.bootstrap, and replicate by replicate against a naive loop over aggregate() on the same draws."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from msb.analysis.aggregate import ALL_RULES, aggregate
+from msb.analysis.bootstrap import (bootstrap_mean, bootstrap_rule, bootstrap_rules, paired_difference,
+                                    percentile_interval, resample_indices, resample_weights)
+from msb.analysis.rules import image_table
+from msb.errors import MSBError
+
+
+def random_counts(n: int, seed: int, run_id: str = "r1", folds: int = 0) -> pd.DataFrame:
+    """Binary counts of n images with random sizes (some empty references and predictions)."""
+    rng = np.random.default_rng(seed)
+    ref = np.where(rng.random(n) < 0.15, 0, rng.integers(5, 400, n))
+    tp = np.floor(ref * rng.uniform(0, 1, n)).astype(np.int64)
+    fp = np.where(rng.random(n) < 0.1, 0, rng.integers(0, 60, n))
+    df = pd.DataFrame({"dataset": "d", "split": "test", "fold": (np.arange(n) % folds) if folds else -1,
+                       "run_id": run_id, "model": "m", "checkpoint_role": "best",
+                       "image_id": [f"i{k:04d}" for k in range(n)], "class_id": 1, "class_name": "fg",
+                       "threshold": 0.5, "threshold_on": "probability", "source": "s",
+                       "tp": tp, "fp": fp, "fn": ref - tp})
+    df["fold"] = df["fold"].astype(np.int64)
+    return df
+
+
+def test_ci_of_a_normal_mean_matches_theory_and_scipy():
+    """x ~ N(5, 2^2), n = 4000: the 95% percentile CI of the mean is mean +- 1.96 s / sqrt(n) up to Monte
+    Carlo error; scipy.stats.bootstrap(method='percentile') on the same vector agrees as closely."""
+    x = np.random.default_rng(1).normal(5.0, 2.0, 4000)
+    res = bootstrap_mean(x, n_boot=4000, seed=3)
+    half = 1.959964 * x.std(ddof=1) / np.sqrt(x.size)
+    assert res.estimate == pytest.approx(x.mean(), abs=1e-12)
+    assert res.low == pytest.approx(x.mean() - half, abs=0.12 * half)
+    assert res.high == pytest.approx(x.mean() + half, abs=0.12 * half)
+    ref = stats.bootstrap((x,), np.mean, n_resamples=4000, method="percentile", confidence_level=0.95,
+                          random_state=np.random.default_rng(7)).confidence_interval
+    assert res.low == pytest.approx(ref.low, abs=0.15 * half)
+    assert res.high == pytest.approx(ref.high, abs=0.15 * half)
+    assert res.n_boot == 4000 and res.n_undefined == 0 and res.n_images == 4000 and res.level == 0.95
+
+
+def test_percentile_interval_is_numpy_linear_and_skips_undefined():
+    r = np.array([np.nan, 1.0, 2.0, 3.0, 4.0, np.nan])
+    lo, hi, bad = percentile_interval(r, 0.5)
+    assert (lo, hi, bad) == (np.percentile([1, 2, 3, 4], 25), np.percentile([1, 2, 3, 4], 75), 2)
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_replicates_equal_naive_loop_on_same_draws(rule):
+    df = random_counts(60, seed=0)
+    t = image_table(df)
+    res = bootstrap_rule(t, rule, "dice", n_boot=30, seed=11)[0]
+    idx = next(resample_indices(60, 30, seed=11))
+    for r in range(30):
+        rows = df.set_index("image_id").loc[t.keys["image_id"].to_numpy()[idx[r]]].reset_index()
+        assert res.replicates[r] == pytest.approx(aggregate(rows, rule, "dice").value, abs=1e-12)
+    assert res.estimate == pytest.approx(aggregate(df, rule, "dice").value, abs=1e-12)
+
+
+def test_weights_are_resampling_counts_and_strata_keep_their_size():
+    strata = np.array([0] * 5 + [1] * 3 + [2] * 2)
+    blocks = list(resample_weights(10, 600, seed=2, strata=strata))
+    w = np.concatenate(blocks)
+    assert w.shape == (600, 10) and [b.shape[0] for b in blocks] == [250, 250, 100]
+    for s, size in ((0, 5), (1, 3), (2, 2)):
+        np.testing.assert_array_equal(w[:, strata == s].sum(axis=1), size)
+    idx = np.concatenate(list(resample_indices(10, 600, seed=2, strata=strata)))
+    for r in (0, 77, 599):
+        np.testing.assert_array_equal(np.bincount(idx[r], minlength=10), w[r])
+    # unstratified: rows sum to n; every image is drawn about n_boot times overall
+    w = np.concatenate(list(resample_weights(10, 600, seed=2)))
+    np.testing.assert_array_equal(w.sum(axis=1), 10)
+
+
+def test_fold_stratification_is_used_for_fold_tables():
+    df = random_counts(40, seed=4, folds=4)
+    res = bootstrap_rule(image_table(df), "global-micro", "dice", n_boot=50, seed=0)[0]
+    assert res.n_strata == 4
+    res = bootstrap_rule(image_table(df), "global-micro", "dice", n_boot=50, seed=0, stratify_by_fold=False)[0]
+    assert res.n_strata == 1
+
+
+def test_seeded_and_rules_share_draws():
+    t = image_table(random_counts(80, seed=5))
+    a = bootstrap_rule(t, "image-macro", "dice", n_boot=300, seed=9)[0]
+    b = bootstrap_rule(t, "image-macro", "dice", n_boot=300, seed=9)[0]
+    c = bootstrap_rule(t, "image-macro", "dice", n_boot=300, seed=10)[0]
+    np.testing.assert_array_equal(a.replicates, b.replicates)
+    assert not np.array_equal(a.replicates, c.replicates)
+    many = bootstrap_rules(t, [("image-macro", "dice"), ("global-micro", "iou")], n_boot=300, seed=9)
+    np.testing.assert_array_equal(many[("image-macro", "dice")].replicates, a.replicates)
+    assert a.text().count("[") == 1
+
+
+def test_paired_difference_uses_the_same_resamples():
+    a_df = random_counts(50, seed=6, run_id="A")
+    b_df = random_counts(50, seed=7, run_id="B")
+    ta, tb = image_table(a_df), image_table(b_df)
+    res = paired_difference(ta, tb, "global-micro", "dice", n_boot=40, seed=1)
+    idx = next(resample_indices(50, 40, seed=1))
+    ids = ta.keys["image_id"].to_numpy()
+    for r in (0, 13, 39):
+        pick = ids[idx[r]]
+        va = aggregate(a_df.set_index("image_id").loc[pick].reset_index(), "global-micro", "dice").value
+        vb = aggregate(b_df.set_index("image_id").loc[pick].reset_index(), "global-micro", "dice").value
+        assert res.replicates[r] == pytest.approx(va - vb, abs=1e-12)
+    same = paired_difference(ta, ta, "image-macro", "dice", n_boot=100, seed=0)
+    assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
+    # images in another order are paired by image id
+    shuffled = image_table(b_df.iloc[::-1].reset_index(drop=True))
+    res2 = paired_difference(ta, shuffled, "global-micro", "dice", n_boot=40, seed=1)
+    np.testing.assert_allclose(res2.replicates, res.replicates, atol=1e-12)
+
+
+def test_bad_arguments_and_mismatched_images():
+    t = image_table(random_counts(10, seed=0))
+    with pytest.raises(MSBError, match="positive integer"):
+        bootstrap_rule(t, "image-macro", "dice", n_boot=0)
+    with pytest.raises(MSBError, match=r"level must be in \(0, 1\)"):
+        bootstrap_mean(np.ones(3), level=1.5)
+    other = image_table(random_counts(12, seed=0, run_id="B"))
+    with pytest.raises(MSBError, match=r"different images: 0 only in 'a'.*2 only in 'b'.*i0010"):
+        paired_difference(t, other, "image-macro", "dice", n_boot=10)
+    with pytest.raises(MSBError, match="aligned"):
+        bootstrap_rule([t, other], "image-macro", "dice", n_boot=10)

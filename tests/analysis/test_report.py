@@ -1,0 +1,265 @@
+"""`msb report` and `msb reaggregate --rules/--bootstrap/--compare/--population` on a real CPU study.
+
+The study (built once per module, ~20 s on 2 cores): synthetic data (30 images of 32 x 32 px), two U-Net
+(ResNet-18, 3 encoder stages) runs that differ only by their seed, one epoch each, evaluated on the test split
+with counts, predictions and metrics.parquet. Numbers in the report are checked against independent
+computations from the stored counts (Dice formula, scipy's Wilcoxon)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+
+from msb.analysis import report as report_mod
+from msb.analysis.report import FIGURE_IDS, SECTION_IDS, build_report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def msb(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "msb", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    from msb.engine.runner import run_study
+
+    root = tmp_path_factory.mktemp("study")
+    cfg = root / "configs"
+    (cfg / "datasets").mkdir(parents=True)
+    (cfg / "architectures").mkdir()
+    (cfg / "global.yaml").write_text((REPO / "configs" / "global.yaml").read_text())
+    ds = yaml.safe_load((REPO / "configs" / "datasets" / "synthetic.yaml").read_text())
+    ds["data"]["root"] = str(root / "datasets" / "synthetic")
+    ds["data"]["prepare"]["options"] = {"n_samples": 30, "seed": 0, "size": [32, 32]}
+    ds["data"]["input_size"] = [32, 32]
+    (cfg / "datasets" / "synthetic.yaml").write_text(yaml.safe_dump(ds))
+    for seed in (0, 1):
+        (cfg / "architectures" / f"unet_s{seed}.yaml").write_text(yaml.safe_dump(
+            {"random_seed": seed, "model": {"arch": "unet", "encoder": "resnet18", "encoder_weights": None,
+                                            "params": {"encoder_depth": 3, "decoder_channels": [32, 16, 8]}}}))
+    spec = {"study": "tiny", "run_root": str(root / "runs"), "datasets": ["synthetic"],
+            "architectures": ["unet_s0", "unet_s1"], "overrides": {"train": {"epochs": 1, "batch_size": 8}}}
+    (cfg / "study.yaml").write_text(yaml.safe_dump(spec))
+    run_study(cfg / "study.yaml")
+    return root / "runs" / "tiny"
+
+
+def _counts(study: Path) -> pd.DataFrame:
+    return pd.concat([pd.read_parquet(p) for p in sorted(study.glob("*/evaluation/best/counts.parquet"))],
+                     ignore_index=True)
+
+
+def _dice(tp, fp, fn) -> np.ndarray:
+    den = 2 * tp + fp + fn
+    return np.where(den > 0, 2 * tp / np.where(den > 0, den, 1), np.nan)
+
+
+def test_report_has_every_section_figure_and_checklist_item(study: Path):
+    r = msb("report", str(study), "--bootstrap", "300")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = study / "report"
+    html = (out / "report.html").read_text(encoding="utf-8")
+    for sid in SECTION_IDS:
+        assert f'<section id="{sid}">' in html, sid
+    sig = html.split('<section id="significance">')[1].split("</section>")[0]
+    assert "Wilcoxon signed-rank" in sig and "only one system" not in sig
+    for fid in FIGURE_IDS:
+        m = re.search(rf'<figure id="fig-{fid}" class="fig-{fid}"><img alt="[^"]*" '
+                      r'src="data:image/png;base64,([A-Za-z0-9+/=]+)">', html)
+        assert m, f"figure {fid} missing or not embedded"
+        assert base64.b64decode(m.group(1))[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / "figures" / f"{fid}.png").is_file() and (out / "figures" / f"{fid}.svg").is_file()
+    assert "missing" not in re.findall(r'<figure [^>]*class="([^"]*)"', html)[0]
+    assert not re.search(r'(src|href)="(https?:|/)', html) and "<script" not in html  # self-contained
+    # contract: dataset, split policy, preprocessing, model, optimisation, checkpoint policy, decision rule
+    for title in ("Dataset", "Split policy", "Preprocessing", "Model settings", "Optimisation",
+                  "Checkpoint policy", "Decision rule", "Aggregation"):
+        assert f"<h3>{title}</h3>" in html, title
+    assert "random_seed" in html and "unet_s0-" in html and "unet_s1-" in html
+    # checklist: item -> PASS/FAIL
+    rows = dict(re.findall(r'<tr><td>([^<]+)</td><td class="(?:pass|fail)">(PASS|FAIL)</td>', html))
+    assert rows == {"HD95 reported": "PASS", "Recall reported": "PASS", "Split protocol stated": "PASS",
+                    "External test set": "FAIL", "Significance tested": "PASS",
+                    "Uncertainty (confidence intervals) reported": "PASS"}
+    assert "internal split only" in html
+    # Markdown twin: every section title and every figure link resolves
+    md = (out / "report.md").read_text(encoding="utf-8")
+    for title in report_mod._TITLES.values():
+        assert f"## {title}" in md
+    links = re.findall(r"\]\((figures/[^)]+)\)", md)
+    assert len(links) == 2 * len(FIGURE_IDS) and all((out / link).is_file() for link in links)
+    tex = (out / "tables" / "scores-dice.tex").read_text()
+    assert r"\textbf{" in tex and r"\begin{tabular}" in tex
+
+    # numbers: global-micro Dice and the Wilcoxon p-value recomputed from the stored counts
+    counts = _counts(study)
+    scores = pd.read_csv(out / "data" / "scores.csv")
+    wil = pd.read_csv(out / "data" / "wilcoxon.csv")
+    per_run = {}
+    for run_id, g in counts.groupby("run_id"):
+        label = run_id.removeprefix("synthetic-")
+        tp, fp, fn = (int(g[c].sum()) for c in ("tp", "fp", "fn"))
+        row = scores[(scores["system"] == label) & (scores["aggregation"] == "global-micro")
+                     & (scores["metric"] == "dice")]
+        assert row["value"].iloc[0] == pytest.approx(2 * tp / (2 * tp + fp + fn), abs=1e-12)
+        assert row["ci_low"].iloc[0] <= row["value"].iloc[0] <= row["ci_high"].iloc[0]
+        g = g.sort_values("image_id")
+        per_run[label] = _dice(g["tp"].to_numpy(), g["fp"].to_numpy(), g["fn"].to_numpy())
+    a, b = (per_run[k] for k in sorted(per_run))
+    ok = ~(np.isnan(a) | np.isnan(b))
+    w = wil[wil["metric"] == "dice"].iloc[0]
+    assert w["n"] == ok.sum() and w["test"].startswith("Wilcoxon signed-rank")
+    if (a[ok] != b[ok]).any():
+        assert w["p_value"] == pytest.approx(stats.wilcoxon(a[ok], b[ok]).pvalue, rel=1e-12)
+
+
+def test_reaggregate_extended_options(study: Path, tmp_path: Path):
+    out = tmp_path / "scores"
+    r = msb("reaggregate", str(study), "--rules", "all", "--bootstrap", "200", "--compare", "--population",
+            "source:synthetic", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Ranking sensitivity" in r.stdout and "Paired tests" in r.stdout
+    scores = pd.read_csv(out / "scores.csv")
+    assert {"ci_low", "ci_high", "ci_level", "n_boot"} <= set(scores.columns)
+    assert {"image-class-mean", "image-foreground", "pooled-foreground", "pooled-class:polyp"} <= set(
+        scores["aggregation"])
+    assert (scores["ci_low"] <= scores["value"] + 1e-12).all() and (scores["n_boot"] == 200).all()
+    pops = pd.read_csv(out / "populations.csv")
+    np.testing.assert_allclose(pops["value_subset"], pops["value_all"])  # the population is every image
+    for name in ("wilcoxon", "paired_differences", "ranking_sensitivity"):
+        assert len(pd.read_csv(out / f"{name}.csv")) > 0
+    # without the new options the command behaves as before (basic rules, no CI columns)
+    r = msb("reaggregate", str(study), "--out", str(tmp_path / "plain"))
+    assert r.returncode == 0, r.stderr
+    plain = pd.read_csv(tmp_path / "plain" / "scores.csv")
+    assert "ci_low" not in plain.columns and set(plain["aggregation"]) == {"global-micro", "image-macro",
+                                                                           "class-macro"}
+
+
+def test_user_errors_are_one_line_and_write_nothing(study: Path, tmp_path: Path):
+    from msb.analysis.compare import run_extended
+    from msb.analysis.populations import parse_population
+    from msb.errors import MSBError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = msb("report", str(empty))
+    assert r.returncode == 2 and "no run folder" in r.stderr and "Traceback" not in r.stderr
+    assert list(empty.iterdir()) == []
+    out = tmp_path / "rep"
+    r = msb("report", str(study), "--out", str(out), "--bootstrap", "-1")
+    assert r.returncode == 2 and "non-negative" in r.stderr and "Traceback" not in r.stderr
+    r = msb("reaggregate", str(study), "--rules", "image-macr", "--out", str(out))
+    assert r.returncode == 2 and "image-macr" in r.stderr and "Traceback" not in r.stderr
+    # the same checks in-process (no interpreter start-up per case)
+    with pytest.raises(MSBError, match="expected source:A,B"):
+        parse_population("source:")
+    with pytest.raises(MSBError, match="unknown system definition 'arch'"):
+        build_report(study, out, system_by="arch")
+    with pytest.raises(MSBError, match="none.txt: id list file not found"):
+        run_extended(_counts(study), ["run_id"], None, [f"ids:{tmp_path / 'none.txt'}"], 10, True, 0, "run", out,
+                     print, print)
+    with pytest.raises(MSBError, match="matches no count row"):
+        run_extended(_counts(study), ["run_id"], None, ["source:elsewhere"], 10, False, 0, "run", out, print, print)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_failed_report_leaves_the_previous_one(study: Path, tmp_path: Path, monkeypatch):
+    out = tmp_path / "rep"
+    build_report(study, out, n_boot=20)
+    before = (out / "report.html").read_bytes()
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report_mod, "save_figure", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        build_report(study, out, n_boot=20)
+    assert (out / "report.html").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary folder left
+
+
+def test_overlays_on_grey_when_the_dataset_is_absent(study: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(report_mod, "resolve_data_root", lambda run: None)
+    res = build_report(study, tmp_path / "rep", n_boot=0)
+    assert any("grey background" in n for n in res.notes)
+    html = res.html.read_text(encoding="utf-8")
+    assert "grey background" in html and 'id="fig-overlays"' in html
+    item = {i.item: i for i in res.checklist}["Uncertainty (confidence intervals) reported"]
+    assert not item.passed and "0 replicates" in item.evidence
+
+
+def _fake_kfold_study(root: Path) -> Path:
+    """3 configurations x 2 folds (run ids <dataset>-<arch>-<hash8>, fold 0/1), 2 classes, 2 sources,
+    no predictions, no metrics.parquet, no split.csv: the report must still be complete."""
+    from msb.evaluation.counts import counts_rows, write_counts
+
+    rng = np.random.default_rng(0)
+    study = root / "runs" / "kf"
+    images = [f"img{i:02d}" for i in range(12)]
+    for arch, quality in (("archA", 0.9), ("archB", 0.7), ("archC", 0.5)):
+        for fold in (0, 1):
+            run_id = f"ds-{arch}-{rng.integers(0, 16**8):08x}"
+            rd = study / run_id
+            rd.mkdir(parents=True)
+            (rd / "config.yaml").write_text(yaml.safe_dump(
+                {"study": "kf", "random_seed": 0, "data": {"name": "ds", "root": str(root / "nowhere"),
+                                                           "split": {"mode": "random", "seed": 0}},
+                 "model": {"arch": "unet", "encoder": arch}, "evaluation": {"threshold": 0.5}}))
+            ids = images[fold::2]
+            ref = rng.integers(20, 200, (len(ids), 2))
+            tp = np.floor(ref * rng.uniform(quality - 0.3, quality, ref.shape)).astype(np.int64)
+            fp = rng.integers(0, 40, ref.shape)
+            c = {"tp": tp, "fp": fp, "fn": ref - tp, "tn": 4096 - ref - fp}
+            c.update(intersection=c["tp"], reference=ref, predicted=tp + fp, union=ref + fp)
+            ctx = dict(dataset="ds", split="test", fold=fold, run_id=run_id, model="unet", checkpoint_role="best",
+                       checkpoint_sha256="a" * 64, config_hash="b" * 64, threshold=0.5, threshold_on="probability")
+            df = counts_rows(ctx, c, image_ids=ids, class_ids=[1, 2], class_names=["tumour", "organ"],
+                             heights=64, widths=64, sources=["siteA" if int(i[3:]) < 6 else "siteB" for i in ids])
+            write_counts(df, rd / "evaluation" / "best" / "counts.parquet")
+    return study
+
+
+def test_report_on_kfold_multiclass_study_without_predictions(tmp_path: Path):
+    study = _fake_kfold_study(tmp_path)
+    res = build_report(study, n_boot=100)
+    html = res.html.read_text(encoding="utf-8")
+    for sid in SECTION_IDS:
+        assert f'<section id="{sid}">' in html
+    # the two folds of each configuration form one system; fold-wise summary and Friedman are shown
+    scores = pd.read_csv(res.out_dir / "data" / "scores.csv")
+    assert sorted(set(scores["system"])) == ["archA", "archB", "archC"]
+    assert (scores["n_images"] == 12).all()
+    folds = pd.read_csv(res.out_dir / "data" / "folds.csv")
+    assert (folds["n_folds"] == 2).all() and len(folds) == 3 * 3 * 2
+    assert "Friedman chi-square" in html and "Nemenyi" in html
+    pops = pd.read_csv(res.out_dir / "data" / "populations.csv")
+    assert set(pops["population"]) == {"source=siteA", "source=siteB"}
+    assert set(pops["n_images_subset"]) == {6}
+    # Friedman p-value from the counts: per image, mean over the 2 classes of 2TP / (2TP + FP + FN)
+    counts = pd.concat([pd.read_parquet(p) for p in study.glob("*/evaluation/best/counts.parquet")])
+    counts["system"] = counts["run_id"].str.split("-").str[1]
+    counts["dice"] = 2 * counts["tp"] / (2 * counts["tp"] + counts["fp"] + counts["fn"])
+    per_img = counts.groupby(["system", "image_id"])["dice"].mean().unstack("system")
+    p = stats.friedmanchisquare(*[per_img[k].to_numpy() for k in ("archA", "archB", "archC")]).pvalue
+    assert f"p = {p:.4g}" in html
+    # absent artifacts are stated, not faked
+    assert 'class="fig-dice-vs-hd95 missing"' in html
+    assert any("no stored prediction for 12 cell(s)" in n for n in res.notes)
+    assert 'class="fig-overlays missing"' in html
+    checks = {i.item: i.passed for i in res.checklist}
+    assert checks["HD95 reported"] is False and checks["Split protocol stated"] is False
+    assert checks["Significance tested"] is True
