@@ -11,10 +11,12 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from msb.config.metrics_schema import MetricsConfig
+from msb.config.notifications_schema import NotificationsConfig
 
 __all__ = [
     "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
     "SchedulerConfig", "LossConfig", "GradClipConfig", "AugmentConfig", "EarlyStoppingConfig", "TrainConfig",
+    "MultiScaleConfig",
     "CheckpointConfig", "EvaluationConfig", "RunConfig",
 ]
 
@@ -91,6 +93,12 @@ class ModelConfig(StrictModel):
     encoder_weights: Optional[str] = None
     params: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("encoder_weights")
+    @classmethod
+    def _none_string(cls, v: Optional[str]) -> Optional[str]:
+        # ``pretrained: none`` in the model-zoo docs: the string 'none' means no weights (random init)
+        return None if v is None or v.strip().lower() in ("", "none", "null") else v
+
 
 class OptimizerConfig(StrictModel):
     """Optimizer (``torch.optim.AdamW`` or ``Adam``); ``lr`` is the base learning rate."""
@@ -99,14 +107,18 @@ class OptimizerConfig(StrictModel):
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(1e-4, ge=0)
     momentum: float = Field(0.9, ge=0)
+    # learning rate of the adapter's ``backbone.*`` parameters = lr * backbone_lr_mult (SANet: 0.1)
+    backbone_lr_mult: float = Field(1.0, gt=0)
 
 
 class SchedulerConfig(StrictModel):
     """Learning-rate schedule, stepped once per epoch: ``none``, ``cosine`` (to 0 over the epochs), ``step``."""
 
-    name: Literal["none", "cosine", "step"] = "none"
+    name: Literal["none", "cosine", "step", "multistep"] = "none"
     step_size: int = Field(10, gt=0)
     gamma: float = Field(0.1, gt=0)
+    # ``multistep``: multiply the lr by ``gamma`` after each of these epochs (SANet: [64, 96], gamma 0.5)
+    milestones: list[int] = Field(default_factory=list)
 
 
 class LossConfig(StrictModel):
@@ -142,6 +154,38 @@ class EarlyStoppingConfig(StrictModel):
     min_delta: float = Field(0.0, ge=0)
 
 
+class MultiScaleConfig(StrictModel):
+    """Multi-scale training (PraNet family, SANet), applied to every training batch in the trainer.
+
+    Each rate r gives the size ``round(s · r / size_multiple) · size_multiple`` per side s of
+    ``data.input_size``; images are resized bilinearly (align_corners=True), masks bilinearly as soft targets
+    (``soft_masks: true``, PraNet) or with nearest neighbour (``false``, SANet). ``sampling: all`` runs every
+    rate on each batch (PraNet: 0.75, 1, 1.25), ``random`` draws one rate per batch with ``probabilities``
+    (SANet). ``step_per_rate: true`` takes one optimizer step per rate (the reference scripts: 3 steps per
+    batch); ``false`` accumulates the gradients of all rates into one step.
+    """
+
+    rates: list[float] = Field(default_factory=lambda: [0.75, 1.0, 1.25], min_length=1)
+    sampling: Literal["all", "random"] = "all"
+    probabilities: Optional[list[float]] = None
+    step_per_rate: bool = True
+    soft_masks: bool = True
+    size_multiple: int = Field(32, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MultiScaleConfig":
+        if any(r <= 0 for r in self.rates):
+            raise ValueError("multiscale.rates must be positive")
+        if self.probabilities is not None:
+            if len(self.probabilities) != len(self.rates) or any(p < 0 for p in self.probabilities) \
+                    or abs(sum(self.probabilities) - 1.0) > 1e-6:
+                raise ValueError("multiscale.probabilities must give one non-negative probability per rate, "
+                                 "summing to 1")
+        elif self.sampling == "random":
+            raise ValueError("multiscale.sampling 'random' needs multiscale.probabilities")
+        return self
+
+
 class TrainConfig(StrictModel):
     """Training loop settings. ``amp``: ``auto`` = on for CUDA, off on CPU."""
 
@@ -153,6 +197,7 @@ class TrainConfig(StrictModel):
     grad_clip: GradClipConfig = Field(default_factory=GradClipConfig)
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     early_stopping: Optional[EarlyStoppingConfig] = None
+    multiscale: Optional[MultiScaleConfig] = None
     amp: Literal["auto", "on", "off"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -182,6 +227,9 @@ class EvaluationConfig(StrictModel):
     split: str = "test"
     threshold: float = 0.5
     threshold_on: Literal["probability", "logit"] = "probability"
+    # ``minmax``: per image and class, p <- (p - min p) / (max p - min p + 1e-8) before the threshold, as old
+    # polyp test scripts; forces a positive region into every image (docs/models.md). Off by default.
+    test_time_normalisation: Literal["none", "minmax"] = "none"
     save_probabilities: bool = True
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     compute_metrics: bool = True
@@ -199,9 +247,15 @@ class RunConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    # completion notifications (msb/config/notifications_schema.py, docs/notifications.md); exclude=True keeps
+    # them out of config.yaml and the config hash: where a message goes does not change what a run computes
+    notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
 
     @model_validator(mode="after")
     def _threshold_range(self) -> "RunConfig":
         if self.evaluation.threshold_on == "probability" and not 0.0 < self.evaluation.threshold < 1.0:
             raise ValueError("evaluation.threshold must lie in (0, 1) when threshold_on is 'probability'")
+        if self.evaluation.test_time_normalisation == "minmax" and self.evaluation.threshold_on != "probability":
+            raise ValueError("evaluation.test_time_normalisation 'minmax' rescales probabilities; it needs "
+                             "threshold_on 'probability'")
         return self

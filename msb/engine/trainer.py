@@ -1,6 +1,8 @@
 """The resumable trainer.
 
-One epoch = shuffle (seeded by :func:`~msb.engine.determinism.epoch_seed`), forward, loss summed over all
+One epoch = shuffle (seeded by :func:`~msb.engine.determinism.epoch_seed`), the model's
+``train_batch_transform`` (e.g. SANet colour exchange), multi-scale copies of the batch (``train.multiscale``,
+:mod:`msb.engine.multiscale`; one optimizer step per rate or one accumulated step), forward, loss summed over all
 outputs (deep supervision), backward, gradient clipping, optimizer step; then validation on the selection
 split at the training resolution (image-macro Dice/IoU of ``sigmoid(logits) >= threshold``), scheduler step,
 checkpointing and early stopping. At the end of every epoch the full resume state (model, optimizer,
@@ -28,7 +30,9 @@ from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_state, save_checkpoint, save_state
 from msb.engine.determinism import epoch_seed, get_rng_state, seed_everything, set_full_determinism, set_rng_state
 from msb.engine.losses import multi_output_loss
+from msb.engine.multiscale import scaled_batches
 from msb.evaluation.counts import compute_confusion_counts
+from msb.evaluation.postprocess import apply_normalisation
 from msb.models.base import Segmentor
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
@@ -43,9 +47,23 @@ def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
     return iter(it)
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: RunConfig) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD from ``cfg.train.optimizer``."""
+def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    """AdamW / Adam / SGD from ``cfg.train.optimizer``. ``params`` may be the model itself: with
+    ``backbone_lr_mult != 1`` its ``backbone.*`` parameters then form a second group at ``lr * backbone_lr_mult``
+    (SANet's recipe); an :class:`MSBError` is raised when the model has no ``backbone`` parameters."""
     o = cfg.train.optimizer
+    if isinstance(params, torch.nn.Module):
+        named = list(params.named_parameters())
+        params = [p for _, p in named]
+        if o.backbone_lr_mult != 1.0:
+            back = [p for n, p in named if n.startswith("backbone.")]
+            if not back:
+                from msb.errors import MSBError
+
+                raise MSBError(f"train.optimizer.backbone_lr_mult: architecture '{cfg.model.arch}' has no "
+                               f"'backbone' module; remove the key")
+            params = [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": o.lr},
+                      {"params": back, "lr": o.lr * o.backbone_lr_mult}]
     if o.name == "adamw":
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
     if o.name == "adam":
@@ -60,6 +78,8 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.l
         return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
     if s.name == "step":
         return torch.optim.lr_scheduler.StepLR(opt, step_size=s.step_size, gamma=s.gamma)
+    if s.name == "multistep":
+        return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(s.milestones), gamma=s.gamma)
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda _e: 1.0)
 
 
@@ -96,7 +116,7 @@ class Trainer:
         self.device = select_device(cfg.train.device)
         self.use_amp = self.device.type == "cuda" and cfg.train.amp != "off"
         self.model.to(self.device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
         self.maximize = cfg.checkpoint.metric != "loss"
@@ -114,24 +134,37 @@ class Trainer:
         self.model.train()
         clip = cfg.train.grad_clip
         total, seen = 0.0, 0
+        # batch-level draws (multi-scale rate, the model's train_batch_transform) from their own generator
+        aug_gen = torch.Generator().manual_seed(seed + 1)
+        ms = cfg.train.multiscale
+        step_each = ms is None or ms.step_per_rate
         for x, y, _ in self.track(loader, f"epoch {epoch + 1}/{cfg.train.epochs}", len(loader)):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-            self.optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
-                outputs = self.model(x)
-            loss = multi_output_loss([o.float() for o in outputs], y, cfg.train.loss.name,
-                                     cfg.train.loss.bce_weighting)
-            self.scaler.scale(loss).backward()
-            if clip.mode != "none" and clip.max > 0:
-                self.scaler.unscale_(self.optimizer)
-                if clip.mode == "norm":
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip.max)
-                else:
-                    torch.nn.utils.clip_grad_value_(self.model.parameters(), clip.max)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            total += float(loss.detach()) * x.shape[0]
+            x, y = self.model.train_batch_transform(x, y, aug_gen, cfg.data.normalize_mean, cfg.data.normalize_std)
+            scaled = scaled_batches(x, y, ms, aug_gen)
+            batch_loss = 0.0
+            for i, (xs, ys) in enumerate(scaled):
+                if step_each or i == 0:
+                    self.optimizer.zero_grad(set_to_none=True)
+                with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
+                    outputs = self.model(xs)
+                loss = multi_output_loss([o.float() for o in outputs], ys, cfg.train.loss.name,
+                                         cfg.train.loss.bce_weighting)
+                self.scaler.scale(loss).backward()
+                if not (step_each or i == len(scaled) - 1):
+                    batch_loss += float(loss.detach()) / len(scaled)
+                    continue
+                if clip.mode != "none" and clip.max > 0:
+                    self.scaler.unscale_(self.optimizer)
+                    if clip.mode == "norm":
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip.max)
+                    else:
+                        torch.nn.utils.clip_grad_value_(self.model.parameters(), clip.max)
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                batch_loss += float(loss.detach()) / len(scaled)
+            total += batch_loss * x.shape[0]
             seen += x.shape[0]
         return total / max(seen, 1), seen
 
@@ -153,8 +186,9 @@ class Trainer:
             outputs = [o.float() for o in outputs]
             losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
                                                   self.cfg.train.loss.bce_weighting)) * x.shape[0])
-            logits = self.model.combine(outputs, tuple(y.shape[-2:]))
-            pred = (torch.sigmoid(logits) >= thr) if on == "probability" else (logits >= thr)
+            logits = self.model.adjust_test_logits(self.model.combine(outputs, tuple(y.shape[-2:])))
+            prob = apply_normalisation(torch.sigmoid(logits), self.cfg.evaluation.test_time_normalisation)
+            pred = (prob >= thr) if on == "probability" else (logits >= thr)
             c = compute_confusion_counts(pred.cpu().numpy(), y.cpu().numpy() > 0.5)
             tps.append(c["tp"]), fps.append(c["fp"]), fns.append(c["fn"])
         tp, fp, fn = (np.concatenate(a).astype(np.float64) for a in (tps, fps, fns))
@@ -194,11 +228,15 @@ class Trainer:
         return int(self.train_ds.masks.shape[1])
 
     # --- main loop -------------------------------------------------------------------------------------
-    def fit(self, stop_after_epoch: int | None = None) -> TrainResult:
+    def fit(self, stop_after_epoch: int | None = None,
+            on_epoch_end: Callable[[dict[str, Any]], bool | None] | None = None) -> TrainResult:
         """Train until ``train.epochs`` (or early stopping), resuming from ``state/train_state.pt``.
 
         Args:
             stop_after_epoch: stop (as if interrupted) once this many epochs are done; for tests.
+            on_epoch_end: called with the epoch's ``train_log.csv`` row (a copy) after the resume state of
+                each newly trained epoch is saved; returning True stops training there as if interrupted
+                (``finished=False``; used for Hyperband pruning by :mod:`msb.study`).
         """
         cfg = self.cfg
         set_full_determinism(cfg.full_determinism)
@@ -265,8 +303,9 @@ class Trainer:
                      f"({h['train_images_per_s']:.1f} img/s){'  *best*' if improved else ''}")
             self._write_log(history)
             save_state(self.run_dir, self._state(epoch, best, early, history, finished))
+            stop = bool(on_epoch_end(dict(h))) if on_epoch_end is not None else False
             if finished:
                 break
-            if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
+            if stop or (stop_after_epoch is not None and epoch + 1 >= stop_after_epoch):
                 return TrainResult(epoch + 1, best["epoch"], best["value"], False, False, history)
         return TrainResult(epoch + 1, best["epoch"], best["value"], early["stopped"], True, history)

@@ -49,8 +49,10 @@ __all__ = [
 COUNTS_SCHEMA_VERSION: int = 1
 
 #: Allowed values of the ``threshold_on`` column: the binarisation threshold was applied to
-#: probabilities (after sigmoid/softmax) or to raw logits.
-THRESHOLD_ON_VALUES: tuple[str, ...] = ("probability", "logit")
+#: probabilities (after sigmoid), to raw logits, or to per-image min-max normalised probability maps
+#: (``evaluation.test_time_normalisation: minmax``, the legacy polyp protocol; it forces a positive region
+#: into every image, so such rows must never be pooled with plain ``probability`` rows).
+THRESHOLD_ON_VALUES: tuple[str, ...] = ("probability", "logit", "minmax_probability")
 
 #: Checkpoint roles the engine writes (``checkpoints/{best,latest}.pt``). Documented, not enforced.
 CHECKPOINT_ROLES: tuple[str, ...] = ("best", "latest")

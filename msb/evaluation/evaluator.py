@@ -10,7 +10,13 @@ the preprocessing cache (the same resized inputs as training), upsamples the tes
 - ``predictions/<sample_id>.npz``: ``pred``/``ref`` bool (C, H, W), ``prob`` uint8 (C, H, W) =
   round(255·sigmoid) (the 8-bit maps the polyp protocol saves as PNG), ``spacing`` (row, col) mm/px,
   ``class_ids``;
-- ``metrics.parquet``: boundary and lesion metrics from the stored predictions (``docs/metrics.md``).
+- ``metrics.parquet``: boundary and lesion metrics from the stored predictions (``docs/metrics.md``);
+- ``prediction_semantics.json``: test-time rule, the model's test-time adjustment (SANet PCS), the
+  ``evaluation.test_time_normalisation`` (``none``/``minmax``), threshold (:func:`write_prediction_semantics`).
+
+Before the threshold the model's :meth:`~msb.models.base.Segmentor.adjust_test_logits` is applied to the
+native-size logits and, with ``test_time_normalisation: minmax``, each probability map is min-max rescaled
+(:mod:`msb.evaluation.postprocess`).
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_checkpoint
 from msb.errors import MSBError
 from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
+from msb.evaluation.postprocess import apply_normalisation
 from msb.models.registry import build_model
 from msb.utils.atomic import atomic_path
 from msb.utils.device import select_device
 
-__all__ = ["EvaluationResult", "evaluate_checkpoint"]
+__all__ = ["EvaluationResult", "evaluate_checkpoint", "write_prediction_semantics", "ExternalTarget",
+           "map_reference_classes"]
 
 T = TypeVar("T")
 Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
@@ -58,10 +66,82 @@ class EvaluationResult:
     n_images: int
 
 
+@dataclass
+class ExternalTarget:
+    """Evaluate on another prepared dataset (an external test set) instead of the run's own split.
+
+    Attributes:
+        dataset: the external prepared dataset (images and reference masks are read from it).
+        name: label written to the counts ``dataset`` column.
+        split: label written to the counts ``split`` column (e.g. ``all``).
+        sample_ids: the external samples to evaluate, in order.
+        class_map: model foreground class id -> external class ids whose union is that class's reference
+            (external classes not listed are background); see :func:`map_reference_classes`.
+        out_dir: folder for ``counts.parquet``, ``predictions/`` and ``metrics.parquet``.
+    """
+
+    dataset: PreparedDataset
+    name: str
+    split: str
+    sample_ids: list[str]
+    class_map: dict[int, tuple[int, ...]]
+    out_dir: Path
+
+
+def map_reference_classes(ref: np.ndarray, source_class_ids: list[int], class_map: dict[int, tuple[int, ...]],
+                          target_class_ids: list[int]) -> np.ndarray:
+    """Map a one-hot reference of one dataset's classes onto another label set (pixel-wise union).
+
+    Args:
+        ref: bool ``(C_src, H, W)``, channel ``j`` = class ``source_class_ids[j]``.
+        source_class_ids: foreground class ids of ``ref``'s channels.
+        class_map: target class id -> source class ids merged into it.
+        target_class_ids: output channel order.
+
+    Returns:
+        bool ``(C_tgt, H, W)``: channel ``k`` is the union of the source channels listed for
+        ``target_class_ids[k]`` (all False when none is listed).
+    """
+    pos = {c: j for j, c in enumerate(source_class_ids)}
+    out = np.zeros((len(target_class_ids),) + ref.shape[1:], dtype=bool)
+    for k, t in enumerate(target_class_ids):
+        for s in class_map.get(t, ()):
+            out[k] |= ref[pos[s]]
+    return out
+
+
+def write_prediction_semantics(out_dir: Path, cfg: RunConfig, model: torch.nn.Module) -> Path:
+    """Write ``out_dir/prediction_semantics.json``: how the stored predictions were made from the model.
+
+    Keys: ``model``, ``test_time_rule`` (``first``/``sum`` of the outputs), ``test_time_adjustment`` (e.g.
+    ``pcs`` = SANet's probability correction, ``none``), ``test_time_normalisation`` (``none``/``minmax``),
+    ``upsampling`` (logits to the native size), ``threshold``, ``threshold_on``, ``prob_encoding``.
+    """
+    import json
+
+    from msb.utils.atomic import atomic_write_text
+
+    ev = cfg.evaluation
+    sem = {"model": cfg.model.arch, "test_time_rule": model.test_time_rule,
+           "test_time_adjustment": getattr(model, "test_time_adjustment", "none"),
+           "test_time_normalisation": ev.test_time_normalisation,
+           "upsampling": "bilinear, align_corners=False, logits to the native image size",
+           "threshold": float(ev.threshold), "threshold_on": ev.threshold_on,
+           "prob_encoding": "uint8 round(255 * p), p after test_time_adjustment and test_time_normalisation"}
+    path = out_dir / "prediction_semantics.json"
+    atomic_write_text(path, json.dumps(sem, indent=2))
+    return path
+
+
 def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                         config_hash: str, split: str | None = None, track: Tracker = _no_track,
-                        fold: int = -1) -> EvaluationResult:
+                        fold: int = -1, *, external: ExternalTarget | None = None) -> EvaluationResult:
     """Evaluate checkpoint ``role`` of ``run_dir`` on ``split`` (default ``cfg.evaluation.split``).
+
+    With ``external``, the samples ``external.sample_ids`` of ``external.dataset`` are evaluated instead (same
+    preprocessing, threshold and test-time rule as the run; no retraining, no threshold tuning), the reference
+    masks are mapped onto the model's classes (``ds``, the training dataset) with ``external.class_map``, and
+    the outputs go to ``external.out_dir``.
 
     Raises:
         MSBError: the checkpoint is missing or its SHA-256 differs; the split is empty; a mask value is not
@@ -69,13 +149,19 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     """
     split = split or cfg.evaluation.split
     payload, rec = load_checkpoint(run_dir, role)
-    splits = read_split_file(run_dir / "split.csv")
-    ids = [s for s, sp in splits.items() if sp == split]
-    if cfg.data.max_samples_per_split:
-        ids = sorted(ids)[: cfg.data.max_samples_per_split]
+    if external is None:
+        splits = read_split_file(run_dir / "split.csv")
+        ids = [s for s, sp in splits.items() if sp == split]
+        if cfg.data.max_samples_per_split:
+            ids = sorted(ids)[: cfg.data.max_samples_per_split]
+    else:
+        ids, split = list(external.sample_ids), external.split
     if not ids:
         raise MSBError(f"{run_dir / 'split.csv'}: split '{split}' has no samples; nothing to evaluate")
     classes = ds.foreground_classes
+    if external is not None:  # from here on, images and references come from the external dataset
+        ds, model_class_ids = external.dataset, [c.class_id for c in classes]
+        src_class_ids = [c.class_id for c in external.dataset.foreground_classes]
     model = build_model(cfg.model, len(classes))
     model.load_state_dict(payload["model"])
     device = select_device(cfg.train.device)
@@ -85,16 +171,18 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     data = SegmentationDataset(cache, ids, cfg.data.normalize_mean, cfg.data.normalize_std)
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=False,
                                          num_workers=cfg.data.num_workers)
-    out_dir = run_dir / "evaluation" / role
+    out_dir = external.out_dir if external is not None else run_dir / "evaluation" / role
     pred_dir = out_dir / "predictions"
     if pred_dir.exists():
         shutil.rmtree(pred_dir)
     pred_dir.mkdir(parents=True)
     thr, on = cfg.evaluation.threshold, cfg.evaluation.threshold_on
+    # the counts' semantics column records min-max normalisation, so reaggregation refuses to pool it
+    on_recorded = "minmax_probability" if cfg.evaluation.test_time_normalisation == "minmax" else on
     index = ds.index.set_index("sample_id")
-    context = {"dataset": cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
+    context = {"dataset": external.name if external is not None else cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
                "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": rec.sha256,
-               "config_hash": config_hash, "threshold": float(thr), "threshold_on": on}
+               "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded}
     frames = []
     class_ids = np.array([c.class_id for c in classes], dtype=np.int64)
     with torch.no_grad():
@@ -107,10 +195,13 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
                 row = index.loc[sid]
                 mpath = ds.mask_path(sid)
                 ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
+                if external is not None:
+                    ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
                 h, w = ref.shape[-2:]
                 logits = F.interpolate(logits_small[k: k + 1], size=(h, w), mode="bilinear",
                                        align_corners=False)[0]
-                prob = torch.sigmoid(logits)
+                logits = model.adjust_test_logits(logits[None])[0]  # e.g. SANet's PCS; identity by default
+                prob = apply_normalisation(torch.sigmoid(logits), cfg.evaluation.test_time_normalisation)
                 pred = (prob >= thr) if on == "probability" else (logits >= thr)
                 pred_np = pred.cpu().numpy()
                 counts = compute_confusion_counts(pred_np[None], ref[None])
@@ -124,6 +215,7 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
                 with atomic_path(pred_dir / f"{sid}.npz") as tmp:
                     np.savez_compressed(tmp, **arrays)
     counts_path = write_counts(pd.concat(frames, ignore_index=True), out_dir / "counts.parquet")
+    write_prediction_semantics(out_dir, cfg, model)
     metrics_path = None
     if cfg.evaluation.compute_metrics:
         from msb.evaluation.image_metrics import write_metrics_table

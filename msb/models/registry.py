@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["register", "available_architectures", "build_model"]
 
 _REGISTRY: dict[str, type] = {}
-_BUILTIN_MODULES = ("msb.models.unet",)
+_BUILTIN_MODULES = ("msb.models.unet", "msb.models.pranet", "msb.models.polyp_pvt", "msb.models.sanet",
+                    "msb.models.pvt_cascade", "msb.models.g_cascade", "msb.models.segformer")
 
 
 def register(name: str) -> Callable[[type], type]:

@@ -7,6 +7,7 @@ Accepts PyTorch pickles (``.pth``/``.pt``/``.bin``, optionally wrapped as ``{"st
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -40,16 +41,21 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_local_weights(module: nn.Module, path: str | Path, strip_prefixes: tuple[str, ...] = ("module.",),
-                       ignore_prefixes: tuple[str, ...] = ("fc.", "head.", "classifier.")) -> None:
+                       ignore_prefixes: tuple[str, ...] = ("fc.", "head.", "classifier."),
+                       transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+                       ) -> None:
     """Load a local state dict into ``module`` strictly.
 
     Keys starting with ``strip_prefixes`` lose that prefix; keys starting with ``ignore_prefixes`` (a
-    classifier head the segmentation encoder lacks) are dropped.
+    classifier head the segmentation encoder lacks) are dropped. ``transform`` (optional) maps the read
+    state dict before that, e.g. to rename the keys of an official checkpoint to the library's names.
 
     Raises:
         MSBError: missing keys, unexpected keys or shape mismatches, listing up to 10 of each.
     """
     sd = read_state_dict(path)
+    if transform is not None:
+        sd = transform(sd)
     clean: dict[str, torch.Tensor] = {}
     for k, v in sd.items():
         for p in strip_prefixes:
@@ -72,4 +78,6 @@ def load_local_weights(module: nn.Module, path: str | Path, strip_prefixes: tupl
             parts.append("shape mismatch: " + ", ".join(
                 f"{k} {tuple(clean[k].shape)} vs {tuple(own[k].shape)}" for k in shape[:10]))
         raise MSBError(f"{path}: weights do not match {type(module).__name__}: " + "; ".join(parts))
-    module.load_state_dict(clean, strict=True)
+    # nn.Module's loader: some encoders (smp's MiT) override load_state_dict without ``strict``; the keys were
+    # checked above, so the plain strict load is what is meant
+    nn.Module.load_state_dict(module, clean, strict=True)
