@@ -70,7 +70,6 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
     args = ap.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
 
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)

@@ -25,6 +25,7 @@ from pydantic import Field
 from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError
+from msb.study.spec import CrossValidationSpec, FinalSpec, SearchSpec
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 
@@ -41,6 +42,10 @@ class StudySpec(StrictModel):
     datasets: list[str] = Field(min_length=1)
     architectures: list[str] = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # study-level keys (msb/study, docs/studies.md); absent = one plain run per dataset x architecture
+    search: Optional[SearchSpec] = None
+    cross_validation: Optional[CrossValidationSpec] = None
+    final: Optional[FinalSpec] = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,10 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
+            if spec.final is not None:  # final.checkpoint / final.test_split set evaluation.* of every run
+                ev = {k: v for k, v in (("checkpoint", spec.final.checkpoint), ("split", spec.final.test_split))
+                      if v is not None}
+                merged = deep_merge(merged, {"evaluation": ev} if ev else {}, f"{study_path} (final)", prov)
             merged["study"] = spec.study
             if spec.run_root is not None:
                 merged["run_root"] = spec.run_root

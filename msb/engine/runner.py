@@ -30,6 +30,7 @@ from msb.engine.trainer import Trainer, TrainResult
 from msb.errors import MSBError
 from msb.models.checkpoint import read_records
 from msb.models.registry import build_model
+from msb.notify.study import notify_on_completion
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file
@@ -193,6 +194,7 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
     return out
 
 
+@notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
 def run_study(study_path: str | Path, track: Tracker = _no_track, log: Logger = _no_log,
               run_root: str | None = None, worker: bool = False, storage: str | None = None,
               **study_options: Any) -> list[RunOutcome]:

@@ -1,0 +1,122 @@
+"""Operation counts of one forward pass with PyTorch's own counter, ``torch.utils.flop_counter.FlopCounterMode``.
+
+``FlopCounterMode`` intercepts the ATen operators that run and adds a formula-based FLOP count for the operators
+in its registry (``torch.utils.flop_counter.flop_registry``): convolutions (incl. transposed and grouped),
+``mm``/``addmm``/``bmm``/``baddbmm`` (``nn.Linear``, attention projections) and the fused attention kernels.
+It counts one multiply-accumulate as **2 FLOPs** (for a convolution: ``2 * N * C_out * H_out * W_out *
+C_in/groups * k_h * k_w``) and does **not** count the bias add. We report ``MACs = FLOPs / 2``.
+
+Operators outside the registry contribute 0: batch/layer/group norm, activations (ReLU, GELU, sigmoid, ...),
+pooling, interpolation (``upsample_*``), element-wise ``add``/``mul`` (residual connections, attention gates),
+softmax. :func:`count_flops` records every operator that ran and lists the uncounted *arithmetic* ones, so each
+result says what it leaves out (pure data-movement operators such as ``cat``, ``view`` or ``empty`` are not
+listed: they do no arithmetic).
+
+Attention: the CPU kernel of ``F.scaled_dot_product_attention`` (``_scaled_dot_product_flash_attention_for_cpu``)
+is not in the registry, while the CUDA flash/efficient kernels are. :func:`count_flops` therefore runs the count
+with the math backend (``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``), which decomposes attention into
+counted ``bmm``s (``Q K^T`` and ``A V``: ``2 * B * heads * L_q * L_k * d`` FLOPs each); the count is then the same on
+CPU and CUDA. Only the count uses the math backend; timing uses the default kernels.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+__all__ = ["FlopCount", "count_flops", "DATA_MOVEMENT_OPS", "COUNTED_OPS"]
+
+#: ATen operators (overload packet names without the ``aten.`` prefix) that move, allocate or reinterpret
+#: memory without arithmetic; they are left out of the "uncounted operators" list.
+DATA_MOVEMENT_OPS: frozenset[str] = frozenset({
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "ones",
+    "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "zero_", "fill_", "scalar_tensor",
+    "view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "permute", "expand", "slice", "select",
+    "unsqueeze", "squeeze", "flatten", "unflatten", "unbind", "split", "split_with_sizes", "chunk", "narrow",
+    "cat", "stack", "clone", "copy_", "_to_copy", "contiguous", "detach", "alias", "lift_fresh", "index",
+    "index_select", "gather", "constant_pad_nd", "pad", "repeat", "roll", "flip", "_reshape_alias",
+    "arange", "linspace", "_local_scalar_dense", "set_", "resize_", "masked_fill", "masked_fill_",
+})
+
+#: Names of the operators FlopCounterMode counts (its registry), without the ``aten.`` prefix.
+COUNTED_OPS: frozenset[str] = frozenset(str(k).split(".", 1)[-1] for k in flop_registry)
+
+
+def _math_attention():
+    """``sdpa_kernel(SDPBackend.MATH)`` where available (PyTorch >= 2.3), else a null context."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - old PyTorch
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Dispatch mode that records the name of every ATen operator (overload packet) that runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D401 (torch protocol)
+        self.ops.add(str(func._overloadpacket).split(".", 1)[-1])
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one forward pass as counted by ``FlopCounterMode``.
+
+    Attributes:
+        flops: total FLOPs (int; 2 per multiply-accumulate, bias adds not counted).
+        by_operator: FLOPs per counted operator name (e.g. ``{"convolution": ...}``).
+        uncounted_ops: sorted names of arithmetic operators that ran but are not counted (0 FLOPs), e.g.
+            ``("add_", "max_pool2d_with_indices", "native_batch_norm", "relu_", "upsample_nearest2d")``.
+    """
+
+    flops: int
+    by_operator: dict[str, int] = field(default_factory=dict)
+    uncounted_ops: tuple[str, ...] = ()
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates: ``flops // 2`` (FlopCounterMode counts 2 FLOPs per MAC, so flops is even)."""
+        return self.flops // 2
+
+    @property
+    def gmacs(self) -> float:
+        """``macs / 1e9`` (decimal giga)."""
+        return self.macs / 1e9
+
+
+def count_flops(model: nn.Module, x: torch.Tensor) -> FlopCount:
+    """Count the FLOPs of ``model(x)`` in eval mode without gradients.
+
+    Args:
+        model: any module; its forward may return a tensor or a list/tuple of tensors (all outputs, e.g.
+            deep-supervision heads, are counted because they are computed).
+        x: input batch, e.g. float32 (N, 3, H, W). Counts scale linearly with N; pass N = 1 for
+            per-image counts.
+
+    Returns:
+        :class:`FlopCount`. Formulas: ``torch.utils.flop_counter`` (e.g. ``conv_flop_count``).
+    """
+    was_training = model.training
+    model.eval()
+    recorder = _OpRecorder()
+    try:
+        with torch.no_grad(), _math_attention(), FlopCounterMode(display=False) as counter, recorder:
+            model(x)
+    finally:
+        model.train(was_training)
+    by_op: dict[str, int] = {}
+    for op, n in counter.get_flop_counts().get("Global", {}).items():
+        by_op[str(op).split(".", 1)[-1]] = int(n)
+    uncounted = sorted(op for op in recorder.ops if op not in COUNTED_OPS and op not in DATA_MOVEMENT_OPS)
+    return FlopCount(int(counter.get_total_flops()), by_op, tuple(uncounted))
+
