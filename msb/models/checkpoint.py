@@ -7,6 +7,8 @@ value and the SHA-256 of the file's bytes, which :func:`load_checkpoint` verifie
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 
 from msb.errors import MSBError
-from msb.utils.atomic import atomic_path, atomic_write_text
+from msb.utils.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 from msb.utils.hashing import sha256_file
 
 __all__ = ["CheckpointRecord", "save_checkpoint", "read_records", "load_checkpoint", "save_state", "load_state"]
@@ -38,9 +40,13 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
                     metric: str, value: float) -> CheckpointRecord:
     """Write ``checkpoints/<role>.pt`` atomically, then update ``records.json`` (atomically)."""
     path = run_dir / "checkpoints" / f"{role}.pt"
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-        digest = sha256_file(tmp)
+    # serialise in memory: torch.save names the zip records after the file, so saving to the temporary
+    # name would make identical weights hash differently
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    data = buf.getvalue()
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write_bytes(path, data)
     rec = CheckpointRecord(role, epoch, selection_split, metric, float(value), digest, f"checkpoints/{role}.pt")
     records = read_records(run_dir)
     records[role] = rec

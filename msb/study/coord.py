@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from msb.errors import MSBError
@@ -112,12 +113,12 @@ def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
-        except ImportError as exc:
-            last = exc
-            break
-        except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors vary by backend
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:  # table-creation race
             last = exc
             time.sleep(0.5 + attempt + random.random())
+        except Exception as exc:  # noqa: BLE001 - driver/connection errors vary by backend
+            last = exc
+            break
     safe = url.split("@")[-1] if "@" in url else url
     first = str(last).strip().splitlines()[0] if last is not None and str(last).strip() else ""
     raise MSBError(f"cannot open the optuna storage '{safe}' ({type(last).__name__}: {first}); check --storage "

@@ -95,6 +95,7 @@ class StudyUnit:
 
     @property
     def cfg(self) -> RunConfig:
+        """The unit's run config (study overrides and ``run_root`` applied)."""
         return self.base.config
 
     def make_run(self, cfg: RunConfig, suffix: str = "") -> GeneratedRun:
@@ -104,6 +105,7 @@ class StudyUnit:
                             self.base.dataset, self.base.architecture)
 
     def roles(self) -> list[str]:
+        """Checkpoint roles to evaluate (``evaluation.checkpoint``; ``both`` = best and latest)."""
         c = self.cfg.evaluation.checkpoint
         return ["best", "latest"] if c == "both" else [c]
 
@@ -179,10 +181,10 @@ def _lock(u: StudyUnit, what: str) -> contextlib.AbstractContextManager:
     return coord.file_lock(u.state_dir / "locks" / f"{what}.lock")
 
 
-def _prepare_lock(root: str | Path) -> contextlib.AbstractContextManager:
-    """Lock beside a dataset folder, so that workers starting together prepare it once."""
-    root = Path(root).absolute()
-    return coord.file_lock(root.parent / f".{root.name}.prepare.lock")
+def _prepare_lock(u: StudyUnit) -> contextlib.AbstractContextManager:
+    """Study-wide lock around dataset preparation, so that workers starting together prepare a dataset once."""
+    key = sha256_json(str(Path(u.cfg.data.root).absolute()))[:12]
+    return coord.file_lock(u.root / "_study" / "locks" / f"prepare-{key}.lock")
 
 
 def _best_value(history: list[dict[str, Any]], key: str, maximize: bool) -> float:
@@ -333,14 +335,14 @@ def _search(u: StudyUnit, ds: PreparedDataset, ctx: _Ctx) -> _Selected:
             return trial.should_prune()
 
         with _lock(u, run.run_id):
+            pruned_at = None
             state = load_state(run_dir)
             history = list(state["history"]) if state else []
             for row in history:
                 if report(row):
-                    ctx.log(f"[{u.name}] trial {trial.number} pruned at epoch {row['epoch']} (Hyperband)")
-                    study.tell(trial, state=TrialState.PRUNED)
-                    return
-            if not (state and state.get("finished")):
+                    pruned_at = int(row["epoch"])
+                    break
+            if pruned_at is None and not (state and state.get("finished")):
                 pruned: list[int] = []
 
                 def on_epoch_end(row: dict[str, Any]) -> bool:
@@ -350,13 +352,15 @@ def _search(u: StudyUnit, ds: PreparedDataset, ctx: _Ctx) -> _Selected:
                     return False
 
                 res = train_run(run, run_dir, ds, ctx.track, ctx.log, on_epoch_end=on_epoch_end)
-                write_manifest(run_dir, run, device, {**_run_manifest_extra(u), "search_trial": trial.number,
-                                                      "search_params": params})
-                if pruned and not res.finished:
-                    ctx.log(f"[{u.name}] trial {trial.number} pruned at epoch {pruned[-1]} (Hyperband)")
-                    study.tell(trial, state=TrialState.PRUNED)
-                    return
                 history = res.history
+                if pruned and not res.finished:
+                    pruned_at = pruned[-1]
+            write_manifest(run_dir, run, device, {**_run_manifest_extra(u), "search_trial": trial.number,
+                                                  "search_params": params})
+        if pruned_at is not None:
+            ctx.log(f"[{u.name}] trial {trial.number} pruned at epoch {pruned_at} (Hyperband)")
+            study.tell(trial, state=TrialState.PRUNED)
+            return
         value = _best_value(history, key, maximize)
         if not math.isfinite(value):
             ctx.log(f"[{u.name}] trial {trial.number}: no finite validation {metric}; not selectable")
@@ -638,7 +642,7 @@ def run_study_spec(study_path: str | Path, track: Tracker = _no_track, log: Logg
     for u in units:
         u.state_dir.mkdir(parents=True, exist_ok=True)
         _check_spec(u)
-        with _prepare_lock(u.cfg.data.root):
+        with _prepare_lock(u):
             ds = ensure_dataset(u.cfg, log)
         _resolve_externals(u, ds, log)
         _write_state(u, phase="search")

@@ -13,7 +13,8 @@ reads artifacts only.
 Outputs in ``<ensemble run folder>/evaluation/.../<role>/``: ``counts.parquet`` (the usual schema, see below),
 ``predictions/<sample_id>.npz`` (``pred``, ``ref``, ``spacing``, ``class_ids``, ``votes`` uint8 (C, H, W) = number
 of folds voting foreground, ``prob`` uint8 = round(255 * votes / K)), ``metrics.parquet`` (optional),
-``ensemble.json`` (members and rule) and ``DONE``.
+``ensemble.json`` (members and rule), ``prediction_semantics.json`` (the members' semantics + the vote) and
+``DONE``.
 
 Counts rows of the ensemble (docs/studies.md): ``fold = -1``; ``run_id = <selected run id>-ensemble``;
 ``model = <arch>-ensemble<K>`` (e.g. ``unet-ensemble5``); ``checkpoint_role`` = the members' role;
@@ -143,6 +144,11 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
         from msb.evaluation.image_metrics import write_metrics_table
 
         write_metrics_table(out_dir, metrics_config)
+    sem_path = member_dirs[0] / "prediction_semantics.json"
+    sem = json.loads(sem_path.read_text()) if sem_path.is_file() else {}
+    sem.update({"model": model, "ensemble": f"strict majority of {k} members: foreground where 2 * votes > {k}",
+                "prob_encoding": f"uint8 round(255 * votes / {k}) (vote fraction, not a probability)"})
+    atomic_write_text(out_dir / "prediction_semantics.json", json.dumps(sem, indent=2))
     atomic_write_text(out_dir / "ensemble.json", json.dumps(
         {"rule": "strict majority: foreground where 2 * votes > K", "k": k,
          "members": [{"dir": str(d), "checkpoint_sha256": s} for d, s in zip(member_dirs, shas)],

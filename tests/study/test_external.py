@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from msb.config.generate import generate_runs
-from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset
+from msb.data.schema import ClassSpec, write_prepared_dataset
 from msb.engine.runner import ensure_dataset, train_run
 from msb.errors import MSBError
 from msb.evaluation.evaluator import map_reference_classes

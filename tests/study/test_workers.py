@@ -22,7 +22,7 @@ PG_URL = os.environ.get("MSB_TEST_POSTGRES_URL", "postgresql://msb:msb@127.0.0.1
 
 def _study(name: str) -> dict:
     return {"study": name, "overrides": {"train": {"epochs": 2}},
-            "search": {"method": "grid", "params": {"train.optimizer.lr": [0.001, 0.002, 0.004, 0.008]}},
+            "search": {"method": "grid", "params": {"train.optimizer.lr": [0.001, 0.002, 0.003, 0.004, 0.006, 0.008]}},
             "cross_validation": {"k": 2}}
 
 
@@ -56,7 +56,7 @@ def _check_storage(url: str, study_prefix: str, n_search: int, n_cv: int, logs: 
 
 def _check_runs(study_dir: Path, epochs: int = 2) -> None:
     logs = list(study_dir.glob("*/train_log.csv"))
-    assert len(logs) == 4 + 2
+    assert len(logs) == 6 + 2
     for log in logs:
         assert pd.read_csv(log)["epoch"].tolist() == list(range(1, epochs + 1)), log
 
@@ -79,7 +79,7 @@ def test_two_workers_sqlite_and_recovery_of_a_killed_worker(tmp_path: Path, make
     assert [w.returncode for w in workers] == [0, 0], logs
     assert "its process ended; re-enqueued" in "".join(logs)
     assert all(re.search(r"search trial \d+ |fold \d+/", text) for text in logs), "both workers must work"
-    _check_storage(f"sqlite:///{sdir / '_study' / 'optuna.db'}", "w/", 4, 2, logs)
+    _check_storage(f"sqlite:///{sdir / '_study' / 'optuna.db'}", "w/", 6, 2, logs)
     _check_runs(sdir)
     assert (sdir / "_study" / "synthetic-unet_tiny" / "manifest.json").is_file()
 
@@ -107,6 +107,15 @@ def test_two_workers_postgresql(tmp_path: Path, make_project, msb_popen):
     _wait(workers)
     logs = [(tmp_path / f"w{i}.log").read_text() for i in range(2)]
     assert [w.returncode for w in workers] == [0, 0], logs
-    _check_storage(PG_URL, f"{name}/", 4, 2, logs)
+    assert all(re.search(r"search trial \d+ |fold \d+/", text) for text in logs), "both workers must work"
+    _check_storage(PG_URL, f"{name}/", 6, 2, logs)
     _check_runs(tmp_path / "runs" / name)
     assert not (tmp_path / "runs" / name / "_study" / "optuna.db").exists()  # the RDB server held the study
+
+
+def test_unreachable_storage_is_one_line_and_writes_nothing(tmp_path: Path, make_project, msb_cli):
+    study = make_project(tmp_path, _study("u"))
+    r = msb_cli("run", str(study), "--worker", "--storage", "postgresql://msb:secret@127.0.0.1:1/none")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "cannot open the optuna storage '127.0.0.1:1/none'" in r.stderr and "secret" not in r.stderr
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "datasets").exists()
