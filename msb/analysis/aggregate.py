@@ -45,7 +45,7 @@ __all__ = [
     "ALL_METRICS", "ALL_RULES", "DEFAULT_GROUP", "POOL_FOLDS_GROUP", "GROUPINGS", "IMAGE_COLUMNS",
     "SCORE_COLUMNS", "AggregateResult", "aggregate", "check_poolable", "dice_from_counts",
     "iou_from_counts", "precision_from_counts", "recall_from_counts", "reaggregate",
-    "render_scores_table", "scores_wide", "write_scores",
+    "render_scores_table", "score_from_counts", "scores_wide", "write_scores",
 ]
 
 #: Aggregation rules, in output order.
@@ -130,7 +130,9 @@ def recall_from_counts(tp: np.ndarray, fn: np.ndarray) -> np.ndarray:
     return _ratio(tp, tp + np.asarray(fn, dtype=np.float64))
 
 
-def _score(metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+def score_from_counts(metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """Per-unit ``metric`` (dice, iou, precision, recall) from counts of any broadcastable shape; NaN where
+    undefined. Raises :class:`MSBError` for an unknown metric."""
     if metric == "dice":
         return dice_from_counts(tp, fp, fn)
     if metric == "iou":
@@ -210,17 +212,17 @@ def _aggregate_arrays(rule: str, metric: str, tp: np.ndarray, fp: np.ndarray, fn
                       class_codes: np.ndarray, n_classes: int) -> tuple[float, int, int]:
     """Core of :func:`aggregate` on int arrays; ``class_codes`` in ``0..n_classes-1``."""
     if rule == "global-micro":
-        s = _score(metric, tp.sum(), fp.sum(), fn.sum())
+        s = score_from_counts(metric, tp.sum(), fp.sum(), fn.sum())
         v = float(s)
         return v, 1, int(np.isnan(v))
     if rule == "class-macro":
         sums = [np.bincount(class_codes, weights=a, minlength=n_classes) for a in (tp, fp, fn)]
-        scores = _score(metric, *sums)
+        scores = score_from_counts(metric, *sums)
         defined = ~np.isnan(scores)
         value = float(scores[defined].mean()) if defined.any() else float("nan")
         return value, int(n_classes), int((~defined).sum())
     if rule == "image-macro":
-        scores = _score(metric, tp, fp, fn)
+        scores = score_from_counts(metric, tp, fp, fn)
         defined = ~np.isnan(scores)
         sums = np.bincount(class_codes[defined], weights=scores[defined], minlength=n_classes)
         counts = np.bincount(class_codes[defined], minlength=n_classes)

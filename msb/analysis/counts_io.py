@@ -20,13 +20,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from msb.errors import MSBError
-# schema constants only (analysis never calls evaluation code)
+# the counts schema and its pure row checks (no inference code)
 from msb.evaluation.counts import (
-    COUNT_COLUMNS,
     COUNTS_COLUMNS,
     COUNTS_SCHEMA_VERSION,
     KEY_COLUMNS,
-    THRESHOLD_ON_VALUES,
+    row_problems,
 )
 
 __all__ = ["COUNTS_FILENAME", "CountsReadReport", "find_counts_files", "read_counts",
@@ -122,56 +121,13 @@ def _read_one(path: Path) -> pd.DataFrame:
     if newer:
         raise MSBError(f"{path}: written with counts schema version {newer[0]}, this msb reads up "
                        f"to version {COUNTS_SCHEMA_VERSION}; upgrade msb")
-    problems = _row_problems(df)
+    problems = row_problems(df)
     if problems:
         raise MSBError(f"{path}: " + "; ".join(problems) + "; the file is corrupt or was edited, "
                        "re-run the evaluator")
     if df["threshold"].dtype != np.float64:
         df["threshold"] = df["threshold"].astype(np.float64)
     return df
-
-
-def _first_row(df: pd.DataFrame, mask: np.ndarray) -> str:
-    i = int(np.flatnonzero(mask)[0])
-    return (f"row {i} (image_id={str(df['image_id'].iloc[i])!r}, "
-            f"class_id={int(df['class_id'].iloc[i])}); {int(mask.sum())} row(s) affected")
-
-
-def _row_problems(df: pd.DataFrame) -> list[str]:
-    """Value checks of one file's rows (columns and dtypes already checked); empty list if valid."""
-    problems: list[str] = []
-    cnt = {c: df[c].to_numpy(dtype=np.int64) for c in COUNT_COLUMNS}
-    neg = np.logical_or.reduce([cnt[c] < 0 for c in COUNT_COLUMNS])
-    if neg.any():
-        cols = [c for c in COUNT_COLUMNS if (cnt[c] < 0).any()]
-        return [f"negative counts in {cols} at {_first_row(df, neg)}"]
-    tp, fp, fn, tn = cnt["tp"], cnt["fp"], cnt["fn"], cnt["tn"]
-    derived = ((cnt["intersection"] != tp) | (cnt["reference"] != tp + fn)
-               | (cnt["predicted"] != tp + fp) | (cnt["union"] != tp + fp + fn))
-    if derived.any():
-        problems.append("derived counts disagree with tp/fp/fn (need intersection = tp, reference = "
-                        "tp+fn, predicted = tp+fp, union = tp+fp+fn) at " + _first_row(df, derived))
-    h = df["height"].to_numpy(dtype=np.int64)
-    w = df["width"].to_numpy(dtype=np.int64)
-    size = (h <= 0) | (w <= 0)
-    if size.any():
-        problems.append(f"height and width must be positive at {_first_row(df, size)}")
-    total = tp + fp + fn + tn
-    bad = total != h * w
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        problems.append(f"tp+fp+fn+tn = {total[i]} differs from height*width = {h[i]}*{w[i]} = "
-                        f"{h[i] * w[i]} at {_first_row(df, bad)}")
-    on = df["threshold_on"].astype(object).to_numpy()
-    bad_on = ~np.isin(on, np.asarray(THRESHOLD_ON_VALUES, dtype=object))
-    if bad_on.any():
-        found = sorted({str(v) for v in on[bad_on]})
-        problems.append(f"threshold_on must be one of {list(THRESHOLD_ON_VALUES)}, found {found} at "
-                        + _first_row(df, bad_on))
-    bad_thr = ~np.isfinite(df["threshold"].to_numpy(dtype=np.float64))
-    if bad_thr.any():
-        problems.append(f"threshold must be finite at {_first_row(df, bad_thr)}")
-    return problems
 
 
 def _key_text(row: pd.Series) -> str:

@@ -42,11 +42,8 @@ from msb.analysis.aggregate import (
     POOL_FOLDS_GROUP,
     SCORE_COLUMNS,
     check_poolable,
-    dice_from_counts,
-    iou_from_counts,
-    precision_from_counts,
+    score_from_counts,
     reaggregate,
-    recall_from_counts,
 )
 from msb.errors import MSBError
 
@@ -86,22 +83,8 @@ def lower_is_better(metric: str) -> bool:
     return metric.startswith(_LOWER_BETTER_PREFIXES)
 
 
-def score(metric: str, tp, fp, fn) -> np.ndarray:
-    """Per-unit score of ``metric`` from counts (any broadcastable shapes), via the functions of
-    :mod:`msb.analysis.aggregate`; NaN where undefined.
-
-    Raises:
-        MSBError: unknown metric.
-    """
-    if metric == "dice":
-        return dice_from_counts(tp, fp, fn)
-    if metric == "iou":
-        return iou_from_counts(tp, fp, fn)
-    if metric == "precision":
-        return precision_from_counts(tp, fp)
-    if metric == "recall":
-        return recall_from_counts(tp, fn)
-    raise MSBError(f"unknown metric {metric!r}; choose from {list(ALL_METRICS)}")
+#: Per-unit score of a metric from counts; the single definition lives in :mod:`msb.analysis.aggregate`.
+score = score_from_counts
 
 
 @dataclass(frozen=True)

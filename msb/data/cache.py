@@ -21,7 +21,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
 
 import cv2
 import numpy as np
@@ -29,16 +28,11 @@ import numpy as np
 from msb.data.schema import PreparedDataset, mask_to_onehot, read_image, read_mask
 from msb.utils.atomic import current_umask
 from msb.utils.hashing import sha256_file, sha256_json
+from msb.utils.progress import Tracker, no_track
 
 __all__ = ["CachedArrays", "cache_key", "build_cache", "resize_image", "resize_mask"]
 
 CACHE_VERSION = 1
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
 
 
 @dataclass
@@ -91,7 +85,7 @@ def cache_key(ds: PreparedDataset, size: tuple[int, int]) -> str:
 
 
 def build_cache(ds: PreparedDataset, size: tuple[int, int], cache_dir: str | Path | None = None,
-                track: Tracker = _no_track) -> CachedArrays:
+                track: Tracker = no_track) -> CachedArrays:
     """Return the cache for ``ds`` at ``size`` (height, width), building it if absent.
 
     Args:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -34,21 +34,10 @@ from msb.notify.study import notify_on_completion
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file
+from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["RunOutcome", "ensure_dataset", "ensure_split", "train_run", "evaluate_run", "run_study",
            "write_manifest", "study_dir", "run_fold"]
-
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-Logger = Callable[[str], None]
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
-
-
-def _no_log(msg: str) -> None:
-    pass
 
 
 @dataclass
@@ -67,7 +56,7 @@ def study_dir(cfg: RunConfig) -> Path:
     return Path(cfg.run_root) / cfg.study
 
 
-def ensure_dataset(cfg: RunConfig, log: Logger = _no_log) -> PreparedDataset:
+def ensure_dataset(cfg: RunConfig, log: Logger = no_log) -> PreparedDataset:
     """Load the prepared dataset at ``data.root``, preparing it first with ``data.prepare`` when absent.
 
     Raises:
@@ -128,8 +117,8 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
 
 
-def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Tracker = _no_track,
-              log: Logger = _no_log, stop_after_epoch: int | None = None,
+def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Tracker = no_track,
+              log: Logger = no_log, stop_after_epoch: int | None = None,
               on_epoch_end: Callable[[dict[str, Any]], bool | None] | None = None) -> TrainResult:
     """Train (or resume) one run in ``run_dir``. Raises :class:`MSBError` on an empty train/selection split.
     ``on_epoch_end``: see :meth:`Trainer.fit` (Hyperband reporting/pruning)."""
@@ -163,8 +152,8 @@ def run_fold(run_dir: Path) -> int:
     return int(json.loads(path.read_text())["fold"]) if path.is_file() else -1
 
 
-def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = None, track: Tracker = _no_track,
-                 log: Logger = _no_log, force: bool = False) -> list[Path]:
+def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = None, track: Tracker = no_track,
+                 log: Logger = no_log, force: bool = False) -> list[Path]:
     """Evaluate checkpoints ``roles`` of a trained run folder (reads ``config.yaml``; skips a role whose
     counts already exist for the same checkpoint SHA-256 unless ``force``). Returns the counts paths."""
     from msb.evaluation.evaluator import evaluate_checkpoint
@@ -195,7 +184,7 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
 
 
 @notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
-def run_study(study_path: str | Path, track: Tracker = _no_track, log: Logger = _no_log,
+def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = no_log,
               run_root: str | None = None, worker: bool = False, storage: str | None = None,
               **study_options: Any) -> list[RunOutcome]:
     """Run every run of a study (see module docstring). Returns one :class:`RunOutcome` per run.

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -36,15 +36,10 @@ from msb.evaluation.postprocess import apply_normalisation
 from msb.models.base import Segmentor
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
+from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
 
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -109,7 +104,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, model: Segmentor, train_ds: SegmentationDataset,
-                 val_ds: SegmentationDataset, config_hash: str = "", track: Tracker = _no_track,
+                 val_ds: SegmentationDataset, config_hash: str = "", track: Tracker = no_track,
                  log: Callable[[str], None] = lambda _m: None) -> None:
         self.cfg, self.run_dir, self.model, self.log = cfg, Path(run_dir), model, log
         self.train_ds, self.val_ds, self.config_hash, self.track = train_ds, val_ds, config_hash, track

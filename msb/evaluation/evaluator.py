@@ -24,7 +24,6 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -43,16 +42,10 @@ from msb.evaluation.postprocess import apply_normalisation
 from msb.models.registry import build_model
 from msb.utils.atomic import atomic_path
 from msb.utils.device import select_device
+from msb.utils.progress import Tracker, no_track
 
 __all__ = ["EvaluationResult", "evaluate_checkpoint", "write_prediction_semantics", "ExternalTarget",
            "map_reference_classes"]
-
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
 
 
 @dataclass
@@ -134,7 +127,7 @@ def write_prediction_semantics(out_dir: Path, cfg: RunConfig, model: torch.nn.Mo
 
 
 def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
-                        config_hash: str, split: str | None = None, track: Tracker = _no_track,
+                        config_hash: str, split: str | None = None, track: Tracker = no_track,
                         fold: int = -1, *, external: ExternalTarget | None = None) -> EvaluationResult:
     """Evaluate checkpoint ``role`` of ``run_dir`` on ``split`` (default ``cfg.evaluation.split``).
 

@@ -40,8 +40,9 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
                     metric: str, value: float) -> CheckpointRecord:
     """Write ``checkpoints/<role>.pt`` atomically, then update ``records.json`` (atomically)."""
     path = run_dir / "checkpoints" / f"{role}.pt"
-    # serialise in memory: torch.save names the zip records after the file, so saving to the temporary
-    # name would make identical weights hash differently
+    # serialise in memory, hash those bytes and write them atomically. Note: torch.save embeds a random
+    # serialization id, so the SHA-256 identifies this file (integrity), not the weights: two trainings
+    # with bitwise-equal weights still give different hashes.
     buf = io.BytesIO()
     torch.save(payload, buf)
     data = buf.getvalue()

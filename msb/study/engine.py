@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable
 
 import optuna
 from optuna.trial import TrialState
@@ -52,22 +52,12 @@ from msb.study.manifest import package_versions, read_json, safe_url, write_json
 from msb.study.spec import ExternalSpec, ParamDistribution, apply_params, grid_points, param_distributions
 from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file, sha256_json
+from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["StudyUnit", "study_units", "run_study_spec", "evaluate_study_external", "evaluate_external_cli",
            "fold_run_dirs"]
 
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-Logger = Callable[[str], None]
 METRIC_KEYS = {"dice": "val_dice", "iou": "val_iou", "loss": "val_loss"}
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
-
-
-def _no_log(msg: str) -> None:
-    pass
 
 
 @dataclass
@@ -611,7 +601,7 @@ def _resolve_externals(u: StudyUnit, ds: PreparedDataset, log: Logger) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ entry points
-def run_study_spec(study_path: str | Path, track: Tracker = _no_track, log: Logger = _no_log,
+def run_study_spec(study_path: str | Path, track: Tracker = no_track, log: Logger = no_log,
                    run_root: str | None = None, worker: bool = False, storage: str | None = None,
                    heartbeat_interval: int = 30, grace_period: int = 120, poll_s: float = 2.0) -> list[RunOutcome]:
     """Run (or resume, or join as a worker) every unit of a study file (module docstring).
@@ -688,7 +678,7 @@ def fold_run_dirs(u: StudyUnit) -> tuple[list[Path], str]:
 
 def evaluate_study_external(study_path: str | Path, dataset: str, class_map: dict[str, list[str]] | None = None,
                             split: str | None = None, name: str | None = None, roles: list[str] | None = None,
-                            run_root: str | None = None, track: Tracker = _no_track, log: Logger = _no_log,
+                            run_root: str | None = None, track: Tracker = no_track, log: Logger = no_log,
                             force: bool = False, ensemble: bool = True) -> list[Path]:
     """``msb evaluate STUDY.yaml --external DATASET``: evaluate every fold checkpoint of every unit on the
     external dataset (no retraining, no threshold tuning) and build the strict-majority fold ensemble.
@@ -730,8 +720,8 @@ def evaluate_study_external(study_path: str | Path, dataset: str, class_map: dic
 
 
 def evaluate_external_cli(target: str | Path, dataset: str, class_map_items: list[str], split: str | None,
-                          roles: list[str], run_root: str | None = None, track: Tracker = _no_track,
-                          log: Logger = _no_log, force: bool = False) -> list[Path]:
+                          roles: list[str], run_root: str | None = None, track: Tracker = no_track,
+                          log: Logger = no_log, force: bool = False) -> list[Path]:
     """``msb evaluate TARGET --external DATASET [--class-map M=E,...] [--split S]``.
 
     ``TARGET`` is a study YAML (every fold checkpoint and the fold ensemble, :func:`evaluate_study_external`) or

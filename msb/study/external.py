@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 from msb.config.layering import load_layer
 from msb.config.schema import DataConfig
@@ -32,16 +32,10 @@ from msb.errors import MSBError
 from msb.study.spec import ExternalSpec
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_file, sha256_json
+from msb.utils.progress import Tracker, no_track
 
 __all__ = ["ExternalSet", "load_external_dataset", "resolve_class_map", "parse_class_map_option",
            "resolve_external", "evaluate_external", "external_eval_dir"]
-
-T = TypeVar("T")
-Tracker = Callable[[Iterable[T], str, int], Iterator[T]]
-
-
-def _no_track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    return iter(it)
 
 
 @dataclass
@@ -242,7 +236,7 @@ def external_eval_dir(run_dir: Path, name: str, role: str) -> Path:
 
 
 def evaluate_external(run_dir: Path, roles: Sequence[str], ext: ExternalSet, train_ds: PreparedDataset,
-                      track: Tracker = _no_track, log: Callable[[str], None] = lambda _m: None,
+                      track: Tracker = no_track, log: Callable[[str], None] = lambda _m: None,
                       force: bool = False) -> list[Path]:
     """Evaluate checkpoints ``roles`` of ``run_dir`` on ``ext`` (see module docstring); skip evaluations whose
     ``DONE`` matches. Returns the counts paths.

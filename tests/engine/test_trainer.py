@@ -82,10 +82,6 @@ def test_resume_is_bitwise_identical(tmp_path: Path, synth_root: Path):
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
-    # identical weights give identical checkpoint files, so the recorded SHA-256 is reproducible
-    rec_a = json.loads((tmp_path / "a" / "run" / "checkpoints" / "records.json").read_text())
-    rec_b = json.loads((tmp_path / "b" / "run" / "checkpoints" / "records.json").read_text())
-    assert rec_a["latest"]["sha256"] == rec_b["latest"]["sha256"]
     assert res_a.history == res_b2.history or [h["val_dice"] for h in res_a.history] == \
         [h["val_dice"] for h in res_b2.history]
 
