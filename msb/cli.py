@@ -340,11 +340,14 @@ def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | p
 @data_app.command("synth")
 def data_synth(out: Path = typer.Option(Path("datasets/synthetic"), help="Output folder."),
                n: int = typer.Option(120, help="Number of images."),
-               seed: int = typer.Option(0, help="Random seed.")) -> None:
+               seed: int = typer.Option(0, help="Random seed."),
+               overwrite: bool = typer.Option(False, help="Replace an existing dataset at --out.")) -> None:
     """Write the small deterministic synthetic dataset (no download needed)."""
     from msb.data.synth import make_synthetic_dataset
 
-    log(make_synthetic_dataset(out, n_samples=n, seed=seed).summary())
+    if n < 1:
+        raise MSBError(f"--n must be a positive number of images, got {n}")
+    log(make_synthetic_dataset(out, n_samples=n, seed=seed, overwrite=overwrite).summary())
 
 
 @data_app.command("validate")
@@ -409,10 +412,33 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
         log(res.curation.summary())
 
 
-def main() -> None:
-    """Console-script entry point: runs the typer app and turns :class:`MSBError` into one line + exit 2."""
+def _click_exception_types() -> tuple[type[BaseException], ...]:
+    """Usage-error classes: click's, and the private click copy that recent typer releases ship."""
+    types: list[type[BaseException]] = []
     try:
-        app(standalone_mode=False)
+        import click
+
+        types.append(click.ClickException)
+    except ImportError:  # pragma: no cover - typer without click
+        pass
+    try:
+        from typer._click.exceptions import ClickException as TyperClickException
+
+        types.append(TyperClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+def main() -> None:
+    """Console-script entry point.
+
+    A :class:`MSBError` prints one line and exits 2; a usage error (unknown command/option, bad value) prints
+    click's short usage message and exits 2; Ctrl-C prints ``aborted`` and exits 130 (a rerun of
+    ``msb run`` resumes). ``msb --debug ...`` re-raises errors with their traceback.
+    """
+    try:
+        rc = app(standalone_mode=False)
     except MSBError as exc:
         if _state["debug"]:
             raise
@@ -423,13 +449,13 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except _click_exception_types() as exc:
+        exc.show()  # type: ignore[attr-defined]
+        sys.exit(getattr(exc, "exit_code", 2))
+    if isinstance(rc, int) and rc != 0:  # typer returns the code of an interrupted command instead of raising
+        if rc == 130:
+            err_console.print("aborted")
+        sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from msb.errors import MSBError
-from msb.utils.atomic import atomic_path, atomic_write_bytes, atomic_write_text
+from msb.utils.atomic import atomic_write_bytes, atomic_write_text
 from msb.utils.hashing import sha256_file
 
 __all__ = ["CheckpointRecord", "save_checkpoint", "read_records", "load_checkpoint", "save_state", "load_state"]
@@ -86,14 +86,38 @@ def load_checkpoint(run_dir: Path, role: str) -> tuple[dict[str, Any], Checkpoin
 
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
-    """Write the resume state ``state/train_state.pt`` atomically."""
-    with atomic_path(run_dir / "state" / "train_state.pt") as tmp:
-        torch.save(state, tmp)
+    """Write the resume state ``state/train_state.pt`` atomically, then its SHA-256 to
+    ``state/train_state.sha256`` (checked by :func:`load_state`). A crash between the two writes leaves a
+    mismatch, which :func:`load_state` reports instead of resuming from a state it cannot trust."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    atomic_write_bytes(run_dir / "state" / "train_state.pt", data)
+    atomic_write_text(run_dir / "state" / "train_state.sha256", hashlib.sha256(data).hexdigest() + "\n")
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:
-    """Read the resume state, or ``None`` when the run has not finished an epoch yet."""
+    """Read the resume state, or ``None`` when the run has not finished an epoch yet.
+
+    Raises:
+        MSBError: the state file is unreadable, or its SHA-256 differs from ``train_state.sha256``
+            (says to delete the ``state/`` folder to restart that run from scratch).
+    """
     path = run_dir / "state" / "train_state.pt"
     if not path.is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    fix = (f"delete {path.parent} to restart this run from scratch (its checkpoints are kept until "
+           f"overwritten)")
+    sha_path = run_dir / "state" / "train_state.sha256"
+    digest = sha256_file(path)
+    if sha_path.is_file() and digest != sha_path.read_text().strip():
+        # the state file is replaced atomically before its hash: a hash file older than the state file means
+        # the process stopped between the two writes (the state itself is complete), not corruption
+        if sha_path.stat().st_mtime_ns >= path.stat().st_mtime_ns:
+            raise MSBError(f"{path}: resume state is corrupt (SHA-256 differs from {sha_path.name}); {fix}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+        raise MSBError(f"{path}: resume state is unreadable ({type(exc).__name__}); {fix}") from exc
+    atomic_write_text(sha_path, digest + "\n")
+    return state

@@ -109,3 +109,43 @@ def test_kvasir_ci_variant(shared_dir: Path, tmp_path: Path):
     assert (df["width"] >= 332).all() and (df["reference"] > 0).all()
     metrics = counts_files[0].parent / "metrics.parquet"
     assert metrics.is_file() and len(pd.read_parquet(metrics)) == 16
+
+
+def test_ctrl_c_exits_130_and_rerun_resumes(tiny_study: Path, tmp_path: Path):
+    """SIGINT during training: 'aborted', exit status 130; the rerun continues from the last finished epoch."""
+    import signal
+    import time
+
+    study = yaml.safe_load(tiny_study.read_text())
+    study.update({"study": "interrupt", "run_root": str(tmp_path / "runs"),
+                  "overrides": {"train": {"epochs": 50, "batch_size": 8}}})
+    path = tiny_study.parent / "interrupt.yaml"
+    path.write_text(yaml.safe_dump(study))
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "msb", "run", str(path)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not list((tmp_path / "runs").glob("interrupt/*/state/train_state.pt")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    assert "aborted" in err and "Traceback" not in err
+    log_lines = (next((tmp_path / "runs").glob("interrupt/*/train_log.csv"))).read_text().splitlines()
+    done = len(log_lines) - 1
+    assert 1 <= done < 50
+    # the rerun resumes (the same config: the epoch budget is part of the hash); stop it quickly again
+    proc = subprocess.Popen([sys.executable, "-m", "msb", "run", str(path)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while len(next((tmp_path / "runs").glob("interrupt/*/train_log.csv")).read_text().splitlines()) - 1 <= done:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130
+    # train_log.csv is written just before the resume state, so the state may lag the log by one epoch
+    assert f"resuming from epoch {done + 1}" in out or f"resuming from epoch {done}" in out

@@ -109,3 +109,35 @@ def test_checkpoint_records_and_sha_verification(tmp_path: Path, synth_root: Pat
     with pytest.raises(MSBError, match="SHA-256 .* differs from the record"):
         evaluate_run(run_dir, ["latest"], ds)
     assert not (run_dir / "evaluation" / "latest" / "counts.parquet").exists()
+
+
+def test_corrupt_resume_state_is_a_clear_error(tmp_path: Path, synth_root: Path):
+    """A damaged state file stops the resume with a message naming the file and the fix; an interrupted
+    write (hash file older than the state file) still resumes."""
+    import os
+
+    ds = load_prepared_dataset(synth_root)
+    run = _run(tmp_path, synth_root, epochs=2)
+    run_dir = tmp_path / "run"
+    train_run(run, run_dir, ds, stop_after_epoch=1)
+    state = run_dir / "state" / "train_state.pt"
+    sha = run_dir / "state" / "train_state.sha256"
+    good = state.read_bytes()
+
+    data = bytearray(good)
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    state.write_bytes(bytes(data))
+    os.utime(sha, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns + 1))
+    with pytest.raises(MSBError, match=r"train_state\.pt: resume state is corrupt .*delete .*state"):
+        train_run(run, run_dir, ds)
+
+    state.write_text("garbage")
+    sha.write_text("0" * 64)  # even with a matching-looking age, unreadable is reported
+    os.utime(sha, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns - 10**9))
+    with pytest.raises(MSBError, match=r"resume state is unreadable"):
+        train_run(run, run_dir, ds)
+
+    state.write_bytes(good)  # complete state, hash file stale and older: resume proceeds
+    os.utime(sha, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns - 10**9))
+    res = train_run(run, run_dir, ds)
+    assert res.finished and res.epochs_done == 2
