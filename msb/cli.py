@@ -179,7 +179,8 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         summary = summarize_metrics(pd.read_parquet(path))
         table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention})")
         for col in summary.columns:
-            table.add_column(str(col), justify="right" if summary[col].dtype.kind in "fi" else "left")
+            table.add_column(str(col), justify="right" if summary[col].dtype.kind in "fi" else "left",
+                             overflow="fold")
         for _, row in summary.iterrows():
             table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
         console.print(table)

@@ -440,11 +440,11 @@ def render_scores_table(table: pd.DataFrame, title: str | None = None) -> Table:
     rules = list(dict.fromkeys(table["aggregation"]))
     t = Table(title=title)
     for c in varying:
-        t.add_column(c)
-    t.add_column("aggregation")
+        t.add_column(c, overflow="fold")
+    t.add_column("aggregation", overflow="fold")
     t.add_column("images", justify="right")
     for m in metrics:
-        t.add_column(_METRIC_LABELS.get(m, m), justify="right")
+        t.add_column(_METRIC_LABELS.get(m, m), justify="right", overflow="fold")
     keyed = table.set_index(group_cols + ["aggregation", "metric"]) if group_cols else \
         table.set_index(["aggregation", "metric"])
     for _, row in wide.iterrows():

@@ -92,6 +92,22 @@ def load_study(path: str | Path) -> tuple[StudySpec, Path]:
     return spec, _find_configs_root(path, spec.configs_root)  # type: ignore[return-value]
 
 
+def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> None:
+    """Fail at generation time, naming the file, when ``model.arch`` is not registered or ``data.input_size``
+    is not a multiple of the architecture's ``size_divisor``."""
+    from msb.models.registry import architecture_class  # models import torch: only when generating
+
+    arch_file = prov.get(("model", "arch"), prov.get(("model",), default_file))
+    cls = architecture_class(cfg.model.arch, f"{arch_file}: key 'model.arch'")
+    div = int(getattr(cls, "size_divisor", 1) or 1)
+    h, w = cfg.data.input_size
+    if h % div or w % div:
+        size_file = prov.get(("data", "input_size"), prov.get(("data",), default_file))
+        up = (-(-h // div) * div, -(-w // div) * div)
+        raise MSBError(f"{size_file}: key 'data.input_size': {h}x{w} is not a multiple of {div}, which "
+                       f"'{cfg.model.arch}' needs; use e.g. [{up[0]}, {up[1]}]")
+
+
 def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
     """Merge the layers for every dataset x architecture of the study and validate each run config.
 
@@ -125,6 +141,7 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
             if spec.run_root is not None:
                 merged["run_root"] = spec.run_root
             cfg = validate_layers(merged, RunConfig, prov, str(study_path))
+            _check_model_fits(cfg, prov, str(study_path))  # type: ignore[arg-type]
             h = config_hash(cfg)  # type: ignore[arg-type]
             runs.append(GeneratedRun(f"{ds}-{arch}-{h[:8]}", cfg, h, ds, arch))  # type: ignore[arg-type]
     ids = [r.run_id for r in runs]

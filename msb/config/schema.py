@@ -234,6 +234,15 @@ class EvaluationConfig(StrictModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     compute_metrics: bool = True
 
+    @model_validator(mode="after")
+    def _threshold_semantics(self) -> "EvaluationConfig":
+        if self.threshold_on == "probability" and not 0.0 < self.threshold < 1.0:
+            raise ValueError("threshold must lie in (0, 1) when threshold_on is 'probability'")
+        if self.test_time_normalisation == "minmax" and self.threshold_on != "probability":
+            raise ValueError("test_time_normalisation 'minmax' rescales probabilities; it needs "
+                             "threshold_on 'probability'")
+        return self
+
 
 class RunConfig(StrictModel):
     """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``."""
@@ -251,11 +260,3 @@ class RunConfig(StrictModel):
     # them out of config.yaml and the config hash: where a message goes does not change what a run computes
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
 
-    @model_validator(mode="after")
-    def _threshold_range(self) -> "RunConfig":
-        if self.evaluation.threshold_on == "probability" and not 0.0 < self.evaluation.threshold < 1.0:
-            raise ValueError("evaluation.threshold must lie in (0, 1) when threshold_on is 'probability'")
-        if self.evaluation.test_time_normalisation == "minmax" and self.evaluation.threshold_on != "probability":
-            raise ValueError("evaluation.test_time_normalisation 'minmax' rescales probabilities; it needs "
-                             "threshold_on 'probability'")
-        return self

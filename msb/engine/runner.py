@@ -161,6 +161,8 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
+    if not run_dir.is_dir():
+        raise MSBError(f"{run_dir}: no such folder; give a run folder runs/<study>/<run_id>")
     if not cfg_path.is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
     cfg = RunConfig.model_validate(load_yaml(cfg_path))

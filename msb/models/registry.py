@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from msb.config.schema import ModelConfig
     from msb.models.base import Segmentor
 
-__all__ = ["register", "available_architectures", "build_model"]
+__all__ = ["register", "available_architectures", "architecture_class", "build_model"]
 
 _REGISTRY: dict[str, type] = {}
 _BUILTIN_MODULES = ("msb.models.unet", "msb.models.pranet", "msb.models.polyp_pvt", "msb.models.sanet",
@@ -47,13 +47,23 @@ def available_architectures() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def architecture_class(name: str, where: str = "model.arch") -> type:
+    """The registered :class:`Segmentor` subclass for ``name``.
+
+    Raises:
+        MSBError: unknown name; the message starts with ``where`` (e.g. the config file that set the key)
+            and gives the closest registered name.
+    """
+    _load_builtins()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise MSBError(f"{where}: unknown architecture '{name}'{hint} "
+                       f"(available: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[name]
+
+
 def build_model(cfg: "ModelConfig", num_classes: int) -> "Segmentor":
     """Build the registered architecture ``cfg.arch`` with ``num_classes`` output channels (foreground
     classes; sigmoid per channel). Raises :class:`MSBError` for an unknown name (with the closest one)."""
-    _load_builtins()
-    if cfg.arch not in _REGISTRY:
-        close = difflib.get_close_matches(cfg.arch, list(_REGISTRY), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise MSBError(f"model.arch: unknown architecture '{cfg.arch}'{hint} "
-                       f"(available: {', '.join(sorted(_REGISTRY))})")
-    return _REGISTRY[cfg.arch].from_config(cfg, num_classes)
+    return architecture_class(cfg.arch).from_config(cfg, num_classes)

@@ -123,3 +123,25 @@ def test_shipped_configs_validate(repo_root: Path):
         assert runs and all(len(r.config_hash) == 64 for r in runs)
     ci = generate_runs(repo_root / "configs/studies/kvasir_unet_ci.yaml")[0].config
     assert ci.train.epochs == 1 and ci.data.max_samples_per_split == 16 and ci.train.scheduler.name == "cosine"
+
+
+def test_unknown_architecture_and_bad_input_size_fail_at_generate(configs: Path):
+    """Checked when the run config is generated (not at training time), naming the file that set the key."""
+    _write(configs / "architectures" / "unet_a.yaml", {"model": {"arch": "unett"}})
+    with pytest.raises(MSBError) as e:
+        generate_runs(configs / "studies" / "s.yaml")
+    assert "unet_a.yaml: key 'model.arch': unknown architecture 'unett'; did you mean 'unet'?" in str(e.value)
+    _write(configs / "architectures" / "unet_a.yaml", {"model": {"arch": "unet"}})
+    _write(configs / "datasets" / "toy.yaml", {"data": {"name": "toy", "root": "x", "input_size": [100, 100]}})
+    with pytest.raises(MSBError) as e:
+        generate_runs(configs / "studies" / "s.yaml")
+    assert "toy.yaml: key 'data.input_size': 100x100 is not a multiple of 32" in str(e.value)
+    assert "[128, 128]" in str(e.value)
+
+
+def test_threshold_error_names_the_key(configs: Path):
+    _write(configs / "studies" / "s.yaml", {"study": "s", "datasets": ["toy"], "architectures": ["unet_a"],
+                                            "overrides": {"evaluation": {"threshold": 1.5}}})
+    with pytest.raises(MSBError) as e:
+        generate_runs(configs / "studies" / "s.yaml")
+    assert "s.yaml (overrides): key 'evaluation'" in str(e.value) and "(0, 1)" in str(e.value)
