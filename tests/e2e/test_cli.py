@@ -87,7 +87,12 @@ def test_user_errors_are_one_line(tmp_path: Path, tiny_study: Path):
     err = r.stderr.strip()
     assert "Traceback" not in err and "global.yaml" in err and "train.epochz" in err and "train.epochs" in err
     r = msb("evaluate", str(tmp_path / "nope"))
-    assert r.returncode == 2 and "not a run folder" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "nope: no such folder" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "empty").mkdir()
+    r = msb("evaluate", str(tmp_path / "empty"))
+    assert r.returncode == 2 and "not a run folder (no config.yaml)" in r.stderr
+    r = msb("nosuchcommand")
+    assert r.returncode == 2 and "No such command" in r.stderr and "Traceback" not in r.stderr
     r = msb("reaggregate", str(tmp_path / "missing.parquet"))
     assert r.returncode == 2 and "missing.parquet" in r.stderr
     r = msb("--debug", "reaggregate", str(tmp_path / "missing.parquet"))
