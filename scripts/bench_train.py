@@ -7,7 +7,8 @@ clip, step. The trainer goes through the preprocessing cache, the Dataset/DataLo
 progress hooks and per-epoch bookkeeping; its images/s are taken from the timed training phase of each epoch
 (validation and checkpointing excluded, as they are not part of the bare loop).
 
-The bare loop runs before and after the trainer (same process), so a change in machine load affects both.
+Bare epochs alternate with the trainer's epochs in the same process (via the trainer's ``on_epoch_end`` hook),
+so a change in machine load affects both alike.
 Prints images/s of both and the ratio (trainer / bare). Target: overhead <= 10 %, i.e. ratio >= 0.90.
 
 Usage: ``.venv/bin/python scripts/bench_train.py [--size 128] [--n 64] [--epochs 3] [--batch-size 8]``
@@ -98,12 +99,19 @@ def main() -> None:
         std = np.array(cfg.data.normalize_std, dtype=np.float32).reshape(1, 3, 1, 1) * 255
         images = torch.from_numpy((np.asarray(cache.images[rows]).transpose(0, 3, 1, 2).astype(np.float32) - mean) / std)
         masks = torch.from_numpy(np.asarray(cache.masks[rows]).astype(np.float32))
+        # the same memory format as the trainer's input (train.channels_last), so both run the same kernels
+        fmt = torch.channels_last if cfg.train.channels_last else torch.contiguous_format
+        images = images.contiguous(memory_format=fmt)
         bare_loop = BareLoop(images, masks, cfg)
-        # bare, trainer, bare again: load from other processes during the run affects both sides alike
-        bare = [bare_loop.epoch() for _ in range(args.epochs)]
-        result = train_run(run, run_dir, ds)
+        # one bare epoch, then the trainer with one bare epoch after each of its epochs (on_epoch_end), so the
+        # two alternate in one process and a change in machine load affects both alike
+        bare = [bare_loop.epoch()]
+
+        def interleave(_info: dict) -> None:
+            bare.append(bare_loop.epoch())
+
+        result = train_run(run, run_dir, ds, on_epoch_end=interleave)
         framework = [h["train_images_per_s"] for h in result.history]
-        bare += [bare_loop.epoch() for _ in range(args.epochs)]
 
     # the first epoch of each warms up allocators and kernels: report the median of the others
     f = statistics.median(framework[1:] or framework)

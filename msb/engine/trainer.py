@@ -116,6 +116,10 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
         self.maximize = cfg.checkpoint.metric != "loss"
 
+    def _fmt(self, x: torch.Tensor) -> torch.Tensor:
+        """The model input in the configured memory format (``train.channels_last``)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.cfg.train.channels_last else x
+
     # --- one epoch -------------------------------------------------------------------------------------
     def _train_epoch(self, epoch: int, seed: int) -> tuple[float, int]:
         cfg = self.cfg
@@ -143,7 +147,7 @@ class Trainer:
                 if step_each or i == 0:
                     self.optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
-                    outputs = self.model(xs)
+                    outputs = self.model(self._fmt(xs))
                 loss = multi_output_loss([o.float() for o in outputs], ys, cfg.train.loss.name,
                                          cfg.train.loss.bce_weighting)
                 self.scaler.scale(loss).backward()
@@ -177,7 +181,7 @@ class Trainer:
         for x, y, _ in loader:
             x, y = x.to(self.device), y.to(self.device)
             with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
-                outputs = self.model(x)
+                outputs = self.model(self._fmt(x))
             outputs = [o.float() for o in outputs]
             losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
                                                   self.cfg.train.loss.bce_weighting)) * x.shape[0])

@@ -181,7 +181,10 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     with torch.no_grad():
         for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
             with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_amp):
-                logits_small = model.predict_logits(x.to(device))
+                x = x.to(device)
+                if cfg.train.channels_last:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                logits_small = model.predict_logits(x)
             logits_small = logits_small.float()
             for k, i in enumerate(idx.tolist()):
                 sid = ids[i]
