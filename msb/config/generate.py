@@ -25,7 +25,7 @@ from pydantic import Field
 from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError
-from msb.study.spec import CrossValidationSpec, FinalSpec, SearchSpec
+from msb.config.study_spec import CrossValidationSpec, FinalSpec, SearchSpec
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 

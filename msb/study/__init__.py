@@ -1,10 +1,9 @@
 """Studies: hyperparameter search (grid / Hyperband), group-aware K-fold cross-validation, fold ensembles and
 external test sets, resumable and runnable by several workers (``msb run --worker``).
 
-Modules (import them directly; this package imports nothing so that :mod:`msb.config.generate` can use
-:mod:`msb.study.spec` without a circular import):
+The study-level keys of a study file (``search``, ``cross_validation``, ``final``) are validated by
+:mod:`msb.config.study_spec`, with the other config schemas. Modules (import them directly):
 
-- :mod:`msb.study.spec`: study-level keys of a study file (``search``, ``cross_validation``, ``final``);
 - :mod:`msb.study.folds`: fold assignment (``folds.csv``) and per-fold split files;
 - :mod:`msb.study.coord`: optuna storage, work claims, heartbeats, file locks;
 - :mod:`msb.study.search`: the search phase (grid / Hyperband trials);

@@ -49,7 +49,7 @@ from msb.study.external import (ExternalSet, evaluate_external, external_eval_di
                                  resolve_external)
 from msb.study.folds import assign_folds, empty_mask_strata, fold_split, read_folds, write_folds
 from msb.study.manifest import package_versions, read_json, safe_url, write_json
-from msb.study.spec import ExternalSpec, ParamDistribution, apply_params, grid_points, param_distributions
+from msb.config.study_spec import ExternalSpec, ParamDistribution, apply_params, grid_points, param_distributions
 from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file, sha256_json
 from msb.utils.progress import Logger, Tracker, no_log, no_track

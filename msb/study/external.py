@@ -29,7 +29,7 @@ from msb.config.layering import load_layer
 from msb.config.schema import DataConfig
 from msb.data.schema import ClassSpec, PreparedDataset, load_prepared_dataset
 from msb.errors import MSBError
-from msb.study.spec import ExternalSpec
+from msb.config.study_spec import ExternalSpec
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_file, sha256_json
 from msb.utils.progress import Tracker, no_track

@@ -16,7 +16,7 @@ from msb.engine.runner import ensure_dataset, train_run
 from msb.errors import MSBError
 from msb.evaluation.evaluator import map_reference_classes
 from msb.study.external import evaluate_external, parse_class_map_option, resolve_class_map, resolve_external
-from msb.study.spec import ExternalSpec
+from msb.config.study_spec import ExternalSpec
 
 MODEL = [ClassSpec(0, "background", (0,)), ClassSpec(1, "polyp", (255,))]
 EXT = [ClassSpec(0, "background", (0,)), ClassSpec(1, "benign", (100,)), ClassSpec(2, "malignant", (200,))]

@@ -11,7 +11,7 @@ from msb.config.generate import generate_runs, load_study
 from msb.config.layering import load_layer
 from msb.config.schema import RunConfig
 from msb.errors import MSBError
-from msb.study.spec import apply_params, grid_points, param_distributions, params_to_nested
+from msb.config.study_spec import apply_params, grid_points, param_distributions, params_to_nested
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ["configs/study.yaml", "configs/studies/kvasir_unet_ci.yaml", "configs/studies/kvasir_unet_cpu.yaml"]
