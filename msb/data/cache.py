@@ -46,6 +46,7 @@ class CachedArrays:
 
     @property
     def row_of(self) -> dict[str, int]:
+        """``sample_id`` -> row index in :attr:`images` and :attr:`masks`."""
         return {s: i for i, s in enumerate(self.sample_ids)}
 
 

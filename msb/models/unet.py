@@ -34,8 +34,11 @@ class UNet(Segmentor):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, num_classes: int) -> "UNet":
+        """Build from ``model.encoder`` (default ``resnet34``), ``model.encoder_weights`` and ``model.params``
+        (passed to ``smp.Unet``). Raises :class:`MSBError` for a weights file that does not match."""
         return cls(num_classes, encoder=cfg.encoder or "resnet34", encoder_weights=cfg.encoder_weights,
                    **cfg.params)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """``x`` float (N, 3, H, W), H and W multiples of 32 -> ``[logits]``, logits (N, C, H, W)."""
         return [self.net(x)]
