@@ -45,7 +45,7 @@ __all__ = [
     "ALL_METRICS", "ALL_RULES", "DEFAULT_GROUP", "POOL_FOLDS_GROUP", "GROUPINGS", "IMAGE_COLUMNS",
     "SCORE_COLUMNS", "AggregateResult", "aggregate", "check_poolable", "dice_from_counts",
     "iou_from_counts", "precision_from_counts", "recall_from_counts", "reaggregate",
-    "render_scores_table", "score_from_counts", "scores_wide", "write_scores",
+    "render_scores_table", "score_from_counts", "score_table", "scores_wide", "write_scores",
 ]
 
 #: Aggregation rules, in output order.
@@ -345,9 +345,16 @@ def reaggregate(
                 rec.update(aggregation=rule, metric=metric, value=value, n_images=n_images,
                            n_classes=len(uniques), n_units=n_units, n_excluded=n_excl)
                 records.append(rec)
+    return score_table(records, group_by, df)
+
+
+def score_table(records: list[dict], group_by: Sequence[str], source: pd.DataFrame) -> pd.DataFrame:
+    """Tidy score table from records with the ``group_by`` columns and :data:`SCORE_COLUMNS`; group columns
+    keep their dtype in ``source`` (the counts they were computed from), ``value`` is float64 and the
+    ``n_*`` columns int64."""
     out = pd.DataFrame.from_records(records, columns=[*group_by, *SCORE_COLUMNS])
     for c in group_by:
-        out[c] = out[c].astype(df[c].dtype)
+        out[c] = out[c].astype(source[c].dtype)
     out["value"] = out["value"].astype(np.float64)
     for c in ("n_images", "n_classes", "n_units", "n_excluded"):
         out[c] = out[c].astype(np.int64)

@@ -27,7 +27,6 @@ import html
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ from msb.analysis.significance import friedman_test
 from msb.analysis.systems import System, align_tables, comparison_blocks, find_systems
 from msb.analysis.tables import CITable, frame_to_markdown, scores_ci_table, to_html, to_latex, to_markdown
 from msb.errors import MSBError
-from msb.utils.atomic import atomic_write_text
+from msb.utils.atomic import atomic_write_text, current_umask, replace_dir
 
 __all__ = ["SECTION_IDS", "FIGURE_IDS", "ReportResult", "build_report", "system_scores"]
 
@@ -360,9 +359,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the report folder gets normal permissions
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the report folder gets normal permissions
     try:
         doc = _Doc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
@@ -371,13 +368,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
         checklist = doc.checklist  # type: ignore[attr-defined]
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -43,6 +43,7 @@ from msb.analysis.aggregate import (
     SCORE_COLUMNS,
     check_poolable,
     score_from_counts,
+    score_table,
     reaggregate,
 )
 from msb.errors import MSBError
@@ -383,13 +384,7 @@ def aggregate_rules(df: pd.DataFrame, group_by: Sequence[str] = DEFAULT_GROUP,
                     records.append({**gvals, "aggregation": name, "metric": metric, "value": value,
                                     "n_images": table.n_images, "n_classes": len(table.class_ids),
                                     "n_units": n_units, "n_excluded": n_excl})
-    out = pd.DataFrame.from_records(records, columns=[*group_by, *SCORE_COLUMNS])
-    for c in group_by:
-        out[c] = out[c].astype(df[c].dtype)
-    out["value"] = out["value"].astype(np.float64)
-    for c in ("n_images", "n_classes", "n_units", "n_excluded"):
-        out[c] = out[c].astype(np.int64)
-    return out
+    return score_table(records, group_by, df)
 
 
 def unit_scores(table: ImageTable, metric: str, unit: str = "image") -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
@@ -40,6 +41,27 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Move the complete folder ``src`` onto ``dst`` (a sibling), replacing an existing ``dst``.
+
+    The old ``dst`` is first renamed aside, then ``src`` renamed into place, then the old one deleted; if the
+    second rename fails the old folder is put back. A reader never sees a half-written folder.
+    """
+    src, dst = Path(src), Path(dst)
+    if not dst.exists():
+        os.replace(src, dst)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+    os.replace(dst, old / dst.name)
+    try:
+        os.replace(src, dst)
+    except BaseException:
+        os.replace(old / dst.name, dst)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def current_umask() -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from msb.errors import MSBError
-from msb.utils.atomic import current_umask
+from msb.utils.atomic import current_umask, replace_dir
 
 
 @dataclass
@@ -104,18 +104,7 @@ def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str |
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a dataset folder gets the usual mode
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old / out.name, out)
-                shutil.rmtree(old, ignore_errors=True)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
