@@ -130,6 +130,9 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
 def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet files or folders holding them."),
                 out: Optional[Path] = typer.Option(None, help="Folder for scores.csv/.parquet (default: none)."),
                 pool: bool = typer.Option(False, help="Pool runs/folds: group by dataset, split, model, role only."),
+                by_threshold: bool = typer.Option(False, "--by-threshold",
+                                                  help="Score each threshold / threshold_on separately instead of "
+                                                       "refusing to pool rows that differ in them."),
                 rules: Optional[str] = typer.Option(None, help="Comma-separated aggregation rules (default: the basic "
                                                                "three); 'all' adds image-class-mean, image-foreground, "
                                                                "pooled-foreground, pooled-class (docs/analysis.md)."),
@@ -150,6 +153,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     for note in report.notes:
         log(note)
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
+    if by_threshold:
+        group = (*group, "threshold", "threshold_on")
     if rules is not None or population or bootstrap or compare:
         from msb.analysis.compare import run_extended
 

@@ -190,8 +190,8 @@ def check_poolable(df: pd.DataFrame, label: str | None = None) -> None:
     if problems:
         raise MSBError(f"refusing to pool count rows of {_describe(label)}: they mix "
                        + " and ".join(problems) + "; scores at different thresholds are not "
-                       "comparable. Aggregate them separately (add 'threshold' and 'threshold_on' "
-                       "to the grouping) or re-evaluate with one threshold")
+                       "comparable. Aggregate them separately ('msb reaggregate --by-threshold', or add 'threshold' "
+                       "and 'threshold_on' to group_by) or re-evaluate with one threshold")
 
 
 def _check_columns(df: pd.DataFrame, needed: Iterable[str], what: str) -> None:

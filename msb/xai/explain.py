@@ -97,7 +97,7 @@ def _check_inputs(groups: dict[str, list[ExplainRun]], image_ids: list[str], rol
             recs = read_records(r.run_dir)
             if role not in recs or not (r.run_dir / recs[role].path).is_file():
                 raise MSBError(f"{r.run_dir}: no '{role}' checkpoint (checkpoints/records.json); train the run "
-                               f"first or choose --checkpoint {' or '.join(recs) or 'best'}")
+                               f"first (msb run)" + (f" or choose --checkpoint {' or '.join(recs)}" if recs else ""))
             ds = datasets[r.config.data.root]
             missing = [i for i in image_ids if i not in set(ds.sample_ids)]
             if missing:

@@ -345,3 +345,23 @@ def test_write_scores_failure_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         write_scores(reaggregate(make_counts()), out)
     assert list(out.iterdir()) == []  # neither the CSV (already written) nor temp files remain
+
+
+def test_cli_by_threshold_scores_thresholds_separately(tmp_path):
+    """`msb reaggregate --pool` refuses two thresholds (exit 2, one line naming the fix); `--by-threshold`
+    scores each: the global-micro Dice of each threshold's rows is the hand value 13/20 (same table)."""
+    import subprocess
+    import sys
+
+    make_counts().to_parquet(tmp_path / "a.parquet")
+    make_counts(run_id="r2", threshold=0.6).to_parquet(tmp_path / "b.parquet")
+    cmd = [sys.executable, "-m", "msb", "reaggregate", str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet"),
+           "--pool"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 2 and "--by-threshold" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([*cmd, "--by-threshold", "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    scores = pd.read_csv(tmp_path / "out" / "scores.csv")
+    dice = scores[(scores.aggregation == "global-micro") & (scores.metric == "dice")]
+    assert sorted(dice["threshold"]) == [0.5, 0.6]
+    assert np.allclose(dice["value"], 13 / 20)

@@ -184,7 +184,7 @@ def test_kvasir_refuses_overwrite_then_overwrites(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    with pytest.raises(MSBError, match="already exists and is not empty; pass overwrite=True"):
+    with pytest.raises(MSBError, match="already exists and is not empty; pass --overwrite"):
         prepare_dataset("kvasir-seg", src, out)
     assert (out / "keep.txt").read_text() == "precious"
     # an error during an overwrite keeps the old folder intact
