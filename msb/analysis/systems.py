@@ -65,7 +65,10 @@ def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
         df: counts rows (several runs, datasets, splits, roles).
         by: ``"run"``: one system per run id with the ``<dataset>-`` prefix removed; for fold rows
             (``fold >= 0``) a ``fold<k>`` token and a trailing ``-<8 hex>`` config hash are removed too, so the
-            folds of one configuration (``<dataset>-<arch>-<hash8>`` per fold) form one system;
+            folds of one configuration (``<dataset>-<arch>-<hash8>`` per fold) form one system when each fold
+            saw different images (cross-validation on held-out folds); when the folds saw the same images
+            (every fold evaluated on one test or external set), each fold is its own system
+            (``<name>-fold<k>``) beside the fold ensemble, so that no image is counted twice;
             ``"model"``: one per ``model`` value.
 
     Returns:
@@ -90,7 +93,18 @@ def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
     for (ds, sp, name, role), idx in keys.groupby(["dataset", "split", "name", "role"], sort=True).groups.items():
         rows = df.loc[idx]
         label = f"{name}@{role}" if several_roles else name
-        out.append(System(label, ds, sp, role, tuple(sorted(set(rows["run_id"].astype(str)))), rows))
+        run_ids = tuple(sorted(set(rows["run_id"].astype(str))))
+        if len(run_ids) > 1 and rows.duplicated(["image_id", "class_id"]).any():
+            # the runs saw the same images (e.g. every fold evaluated on one held-out test set or an external
+            # set): pooling them would count an image twice, so each run is its own system
+            for rid in run_ids:
+                sub = rows[rows["run_id"].astype(str) == rid]
+                folds = sorted(set(int(f) for f in sub["fold"]))
+                tag = f"fold{folds[0]}" if len(folds) == 1 and folds[0] >= 0 else rid
+                out.append(System(f"{name}-{tag}" + (f"@{role}" if several_roles else ""), ds, sp, role,
+                                  (rid,), sub))
+            continue
+        out.append(System(label, ds, sp, role, run_ids, rows))
     return out
 
 

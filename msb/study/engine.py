@@ -631,10 +631,14 @@ def run_study_spec(study_path: str | Path, track: Tracker = no_track, log: Logge
     outcomes: list[RunOutcome] = []
     for u in units:
         u.state_dir.mkdir(parents=True, exist_ok=True)
-        _check_spec(u)
         with _prepare_lock(u):
             ds = ensure_dataset(u.cfg, log)
+        # checks that need the data come before anything is recorded or trained: external sets and their
+        # class maps, and whether the k folds can be drawn (k <= number of groups)
         _resolve_externals(u, ds, log)
+        if u.spec.cross_validation is not None:
+            _ensure_folds(u, ds, log)
+        _check_spec(u)
         _write_state(u, phase="search")
         sel = _search(u, ds, ctx)
         if u.spec.cross_validation is None:

@@ -134,3 +134,18 @@ def test_changed_spec_is_refused(grid_study, make_project):
     with pytest.raises(MSBError, match=r"spec.json: this study folder was started with other"):
         run_study_spec(changed)
     make_project(root, STUDY)  # restore for other tests
+
+
+def test_too_many_folds_fail_before_any_training(tmp_path, make_project):
+    """k = 50 > 8 groups: the error names the study file and the group count, nothing is trained or recorded,
+    and the same folder runs once k is fixed (no stale spec.json blocks it)."""
+    study = make_project(tmp_path, {**STUDY, "cross_validation": {"k": 50, "group_column": "group"}})
+    with pytest.raises(MSBError, match=r"study\.yaml: 50-fold cross-validation needs at least 50 groups"):
+        run_study_spec(study)
+    unit = tmp_path / "runs" / "grid" / "_study" / "synthetic-unet_tiny"
+    assert not (unit / "spec.json").exists() and not (unit / "folds.csv").exists()
+    assert not list((tmp_path / "runs" / "grid").glob("*/checkpoints"))
+    fixed = make_project(tmp_path, {**STUDY, "search": None, "cross_validation": {"k": 2, "group_column": "group"},
+                                    "final": {"checkpoint": "best", "test_split": "test"}})
+    outcomes = run_study_spec(fixed)
+    assert sorted(o.run_id.rsplit("-", 1)[-1] for o in outcomes if "fold" in o.run_id) == ["fold0", "fold1"]
