@@ -36,7 +36,7 @@ import pandas as pd
 
 from msb.errors import MSBError
 from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
-from msb.utils.atomic import atomic_path, atomic_write_text
+from msb.utils.atomic import atomic_path, atomic_write_text, current_umask, replace_dir
 from msb.utils.hashing import sha256_json
 
 __all__ = ["strict_majority", "ensemble_evaluation", "ensemble_model_name", "ensemble_run_id"]
@@ -135,9 +135,8 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
         raise
     pred_dir = out_dir / "predictions"
     done.unlink(missing_ok=True)
-    if pred_dir.exists():
-        shutil.rmtree(pred_dir)
-    os.replace(staging, pred_dir)
+    os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it private; give it the usual mode
+    replace_dir(staging, pred_dir)
     k = len(member_dirs)
     counts_path = write_counts(counts_frame, out_dir / "counts.parquet")
     if compute_metrics and metrics_config is not None:
