@@ -244,7 +244,11 @@ def _work_loop(u: StudyUnit, study: optuna.Study, n_items: int, phase: str, ctx:
             raise MSBError(f"[{u.name}] {phase}: work item(s) {sorted(st.failed)} failed (trial(s) "
                            f"{[t.number for t in st.failed.values()]} of optuna study {study.study_name!r}); see the "
                            f"error above or the log of the worker that ran it, then rerun 'msb run' to retry")
-        trial = coord.claim_next(study, ctx.exclusive, reseed, ctx.log)
+        # claims are serialised per study folder: SQLite's compare-and-set alone lets two processes that
+        # read the same WAITING trial at the same instant both switch it to RUNNING (PostgreSQL's row locks
+        # do not need this, but the lock is cheap and workers share the run folder anyway)
+        with _lock(u, f"claim-{phase}"):
+            trial = coord.claim_next(study, ctx.exclusive, reseed, ctx.log)
         if trial is None:
             if not waited:
                 ctx.log(f"[{u.name}] {phase}: waiting for {len(st.pending)} item(s) run by other processes")
