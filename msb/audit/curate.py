@@ -42,6 +42,7 @@ from msb.data.schema import INDEX_FILE, load_prepared_dataset, write_prepared_da
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_file
+from msb.utils.csvio import read_user_csv
 
 ACTIONS = ("drop", "group", "keep")
 DECISION_COLUMNS = ("sample_id", "action", "reason", "target")
@@ -74,14 +75,9 @@ def read_decisions(source: str | os.PathLike | pd.DataFrame, known_ids: list[str
         df = source.astype(str).copy()
     else:
         where = str(source)
-        path = Path(source)
-        if not path.is_file():
-            raise MSBError(f"decisions file {path} not found; write a CSV with columns "
-                           f"{', '.join(DECISION_COLUMNS)} (msb audit writes decisions_template.csv).")
-        try:
-            df = pd.read_csv(path, dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-            raise MSBError(f"decisions file {path} cannot be parsed as CSV ({e}).") from e
+        df = read_user_csv(source, "decisions file",
+                           f"write a CSV with columns {', '.join(DECISION_COLUMNS)} "
+                           f"(msb audit writes decisions_template.csv).")
     missing = [c for c in ("sample_id", "action", "reason") if c not in df.columns]
     if missing:
         raise MSBError(f"{where}: missing column(s) {missing}; expected {list(DECISION_COLUMNS)}.")

@@ -49,6 +49,7 @@ from PIL import Image, UnidentifiedImageError
 
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_bytes
+from msb.utils.csvio import read_user_csv
 
 INDEX_FILE = "index.csv"
 CLASSES_FILE = "classes.csv"
@@ -155,13 +156,8 @@ def read_classes(path: str | Path) -> list[ClassSpec]:
             of :func:`validate_classes`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise MSBError(f"{path}: classes file not found. A prepared dataset needs classes.csv "
-                       f"(columns {', '.join(CLASSES_COLUMNS)}); run `msb data prepare` or write it.")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise MSBError(f"{path}: cannot be parsed as CSV ({e}). Fix or regenerate the file.") from e
+    df = read_user_csv(path, "classes file", f"a prepared dataset needs classes.csv (columns "
+                                             f"{', '.join(CLASSES_COLUMNS)}); run `msb data prepare` or write it")
     missing = [c for c in CLASSES_COLUMNS if c not in df.columns]
     if missing:
         raise MSBError(f"{path}: missing column(s) {missing}; expected {list(CLASSES_COLUMNS)}.")

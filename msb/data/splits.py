@@ -33,6 +33,7 @@ import pandas as pd
 
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_bytes
+from msb.utils.csvio import read_user_csv
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 _MAX_LISTED = 10
@@ -188,12 +189,7 @@ def read_split_file(path: str | os.PathLike, known_ids: Iterable[str] | None = N
             1-based line).
     """
     path = Path(path)
-    if not path.is_file():
-        raise MSBError(f"split file {path} not found.")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise MSBError(f"split file {path} cannot be parsed as CSV ({e}).") from e
+    df = read_user_csv(path, "split file")
     if list(df.columns) != ["sample_id", "split"]:
         raise MSBError(f"split file {path}: header must be 'sample_id,split', got {','.join(df.columns)!r}.")
     problems = []

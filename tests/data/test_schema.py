@@ -198,7 +198,7 @@ def test_missing_index_and_classes(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     make_dataset(root)
     (root / "classes.csv").unlink()
-    with pytest.raises(MSBError, match="classes.csv: classes file not found"):
+    with pytest.raises(MSBError, match="classes file .*classes.csv not found; a prepared dataset needs classes.csv"):
         load_prepared_dataset(root)
 
 

@@ -31,6 +31,7 @@ from msb.data.converters.folder import IMAGE_EXTENSIONS, _read_source_mask
 from msb.data.schema import INDEX_COLUMNS, image_size
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path, atomic_write_bytes
+from msb.utils.csvio import read_user_csv
 
 _MAX_LISTED = 10
 
@@ -232,12 +233,7 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str]) -> dict[str,
         MSBError: missing file, missing columns, unknown key or duplicate key (naming the 1-based line).
     """
     path = Path(path)
-    if not path.is_file():
-        raise MSBError(f"groups_csv {path} not found; give a CSV with columns sample_id (or image) and group.")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise MSBError(f"groups_csv {path} cannot be parsed as CSV ({e}).") from e
+    df = read_user_csv(path, "groups_csv", "give a CSV with columns sample_id (or image) and group")
     key_col = "sample_id" if "sample_id" in df.columns else "image" if "image" in df.columns else None
     if key_col is None or "group" not in df.columns:
         raise MSBError(f"groups_csv {path}: needs columns 'sample_id' (or 'image') and 'group'; found "
