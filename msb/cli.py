@@ -81,12 +81,10 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
     from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts
-    from msb.engine.runner import run_study
+    from msb.study.pipeline import run_study
 
-    study_opts = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period} \
-        if (heartbeat_interval, grace_period) != (30, 120) else {}
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
-                         **study_opts)
+                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
     paths = [p for o in outcomes for p in o.counts_paths]
     table = reaggregate(read_counts(paths))
     out_dir = outcomes[0].run_dir.parent
@@ -116,7 +114,7 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
         raise MSBError(f"--checkpoint must be best, latest or both, not '{checkpoint}'")
     roles = ["best", "latest"] if checkpoint == "both" else [checkpoint]
     if external is not None:
-        from msb.study.engine import evaluate_external_cli
+        from msb.study.external_eval import evaluate_external_cli
 
         paths = evaluate_external_cli(run_dir, external, class_map or [], split, roles, run_root, track, log, force)
     elif class_map or split:

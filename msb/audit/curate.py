@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from msb.audit.search import component_labels
-from msb.data.converters import staged_output
+from msb.data.converters.staging import staged_output
 from msb.data.schema import INDEX_FILE, load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text

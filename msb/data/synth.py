@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 import pandas as pd
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.schema import INDEX_COLUMNS, ClassSpec, load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_bytes

@@ -1,9 +1,9 @@
-"""``msb run``: generate -> prepare data -> split -> train -> evaluate -> re-aggregate, for every run of a
-study, resumable.
+"""One run folder: train (or resume) it, evaluate its checkpoints, write its manifest.
 
-Each run lives in ``<run_root>/<study>/<run_id>/``. A rerun of the same study skips what is done: a run whose
-resume state says ``finished`` is not trained again, an evaluation whose ``counts.parquet`` exists for the same
-checkpoint SHA-256 is not repeated; a half-finished training continues from its last finished epoch.
+Each run lives in ``<run_root>/<study>/<run_id>/``. This module knows nothing of studies (search, folds,
+ensembles: :mod:`msb.study.pipeline` drives those and calls in here). Every step is resumable: a run whose
+resume state says ``finished`` is not trained again, an evaluation whose ``DONE`` marker holds the same
+checkpoint SHA-256 is not repeated, and a half-finished training continues from its last finished epoch.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from msb.config.generate import GeneratedRun, generate_runs, write_run_config
+from msb.config.generate import GeneratedRun, write_run_config
 from msb.config.schema import RunConfig
 from msb.data.cache import build_cache
-from msb.data.converters.fetch import prepare_from_source
-from msb.data.schema import PreparedDataset, load_prepared_dataset
+from msb.data.prepare import ensure_dataset
+from msb.data.schema import PreparedDataset
 from msb.data.splits import read_split_file, resolve_splits, write_split_file
 from msb.data.torch_dataset import SegmentationDataset, build_augmentation
 from msb.engine.determinism import seed_everything
@@ -30,14 +30,12 @@ from msb.engine.trainer import Trainer, TrainResult
 from msb.errors import MSBError
 from msb.models.checkpoint import read_records
 from msb.models.registry import build_model
-from msb.notify.study import notify_on_completion
 from msb.utils.atomic import atomic_write_text
-from msb.utils.device import select_device
 from msb.utils.hashing import sha256_file
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
-__all__ = ["RunOutcome", "ensure_dataset", "ensure_split", "train_run", "evaluate_run", "run_study",
-           "write_manifest", "study_dir", "run_fold"]
+__all__ = ["RunOutcome", "ensure_split", "train_run", "evaluate_run", "write_manifest", "study_dir", "run_fold",
+           "checkpoint_roles"]
 
 
 @dataclass
@@ -56,22 +54,10 @@ def study_dir(cfg: RunConfig) -> Path:
     return Path(cfg.run_root) / cfg.study
 
 
-def ensure_dataset(cfg: RunConfig, log: Logger = no_log) -> PreparedDataset:
-    """Load the prepared dataset at ``data.root``, preparing it first with ``data.prepare`` when absent.
-
-    Raises:
-        MSBError: no ``index.csv`` and no ``data.prepare``; or any validation error of the dataset.
-    """
-    root = Path(cfg.data.root)
-    if not (root / "index.csv").is_file():
-        if cfg.data.prepare is None:
-            raise MSBError(f"data.root '{root}' holds no index.csv; prepare it with "
-                           f"'msb data prepare NAME --source DIR --out {root}' or add data.prepare to the dataset config")
-        p = cfg.data.prepare
-        log(f"preparing dataset '{cfg.data.name}' with converter '{p.converter}' into {root}")
-        report = prepare_from_source(p.converter, p.source, root, **p.options)
-        log(report.summary())
-    return load_prepared_dataset(root)
+def checkpoint_roles(cfg: RunConfig) -> list[str]:
+    """Checkpoint roles to evaluate: ``evaluation.checkpoint`` (``both`` = ``["best", "latest"]``)."""
+    c = cfg.evaluation.checkpoint
+    return ["best", "latest"] if c == "both" else [c]
 
 
 def ensure_split(cfg: RunConfig, ds: PreparedDataset, run_dir: Path) -> pd.Series:
@@ -183,38 +169,3 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
         log(f"[{run_dir.name}] evaluated '{role}' on {res.n_images} '{cfg.evaluation.split}' images -> {res.counts_path}")
         out.append(res.counts_path)
     return out
-
-
-@notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
-def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = no_log,
-              run_root: str | None = None, worker: bool = False, storage: str | None = None,
-              **study_options: Any) -> list[RunOutcome]:
-    """Run every run of a study (see module docstring). Returns one :class:`RunOutcome` per run.
-
-    A study file with ``search``, ``cross_validation`` or ``final.external`` (or ``worker``/``storage`` given)
-    is run by :func:`msb.study.engine.run_study_spec` (search -> K-fold -> final evaluation, docs/studies.md);
-    ``study_options`` go there (``heartbeat_interval``, ``grace_period``, ``poll_s``)."""
-    from msb.config.generate import load_study
-
-    spec, _ = load_study(study_path)
-    if worker or storage is not None or spec.search is not None or spec.cross_validation is not None or (
-            spec.final is not None and spec.final.external):
-        from msb.study.engine import run_study_spec
-
-        return run_study_spec(study_path, track=track, log=log, run_root=run_root, worker=worker,
-                              storage=storage, **study_options)
-    runs = generate_runs(study_path)
-    outcomes = []
-    for run in runs:
-        cfg = run.config
-        if run_root is not None:
-            cfg = cfg.model_copy(update={"run_root": run_root})
-            run = GeneratedRun(run.run_id, cfg, run.config_hash, run.dataset, run.architecture)
-        run_dir = study_dir(cfg) / run.run_id
-        ds = ensure_dataset(cfg, log)
-        result = train_run(run, run_dir, ds, track, log)
-        roles = ["best", "latest"] if cfg.evaluation.checkpoint == "both" else [cfg.evaluation.checkpoint]
-        paths = evaluate_run(run_dir, roles, ds, track, log)
-        write_manifest(run_dir, run, str(select_device(cfg.train.device)))
-        outcomes.append(RunOutcome(run.run_id, run_dir, result, paths))
-    return outcomes

@@ -1,30 +1,39 @@
-"""Coordination of study work between processes: optuna RDB storage, work items, claims, heartbeats, locks.
+"""Coordination of study work between processes, on optuna's public API: storage, work items, claims,
+heartbeats, retries, file locks.
 
-Work items are optuna trials. When an optuna study (one per phase: ``search``, ``cv``) is created, its
-creator enqueues every work item as a ``WAITING`` trial (grid point, Hyperband slot or fold), tagged with the
-user attribute ``item`` (0, 1, ...). A process *claims* an item by switching its trial from ``WAITING`` to
-``RUNNING`` with the storage's compare-and-set (``BaseStorage.set_trial_state_values`` returns False when
-another process won), so two processes never run the same trial, on one machine (SQLite) or many
-(PostgreSQL / MySQL via ``--storage URL``).
+Work items are optuna trials. When an optuna study (one per phase: ``search``, ``cv``) is created, its creator
+enqueues every work item with ``Study.enqueue_trial`` (grid point, Hyperband slot or fold), tagged with the user
+attribute ``item`` (0, 1, ...). A process *claims* the next item with ``Study.ask()``, which pops the ``WAITING``
+trial with the smallest number.
 
-Each claimed trial carries ``owner`` = ``host:pid:start-time`` and a heartbeat (optuna ``RDBStorage``
-heartbeat table, refreshed every ``heartbeat_interval`` seconds by a daemon thread).
+Guarantees and where they come from:
 
-Recovery of a trial whose process died (``kill -9``):
+- **One claim per trial.** On PostgreSQL/MySQL the storage locks the trial row (``SELECT ... FOR UPDATE``) while
+  ``ask()`` moves it from ``WAITING`` to ``RUNNING``, so exactly one process wins. SQLite has no row lock and
+  optuna gives no such guarantee there, so every claim additionally holds a :func:`file_lock` in the study
+  folder (``_study/<unit>/locks/claim-<phase>.lock``), which serialises claims of processes sharing that folder.
+- **A lease per trial.** Optuna writes heartbeats only inside ``Study.optimize``; under ask/tell the pipeline owns
+  the lease: :class:`Heartbeat` calls ``RDBStorage.record_heartbeat`` every ``heartbeat_interval`` seconds while a
+  trial runs, and every claim first calls ``optuna.storages.fail_stale_trials``, which fails trials whose last
+  beat is older than ``grace_period`` and hands each to the storage's stale-trial callback,
+  ``optuna.storages.RetryHeartbeatStaleTrialCallback``: one ``WAITING`` copy (same item, parameters and user
+  attributes; system attributes ``failed_trial`` / ``retry_history``).
+- **Fast recovery on one machine.** Each claimed trial carries ``owner`` = ``host:pid:start-time``. A ``RUNNING``
+  trial whose owner process is gone on this host is recovered at once, without waiting for the grace period:
 
-- plain ``msb run`` (one process at a time): a ``RUNNING`` trial whose owner process is gone on this host (or
-  whose heartbeat is older than the grace period) is *re-attached* under the same trial number, so the resumed
-  study makes exactly the decisions of an uninterrupted one (Hyperband brackets depend on trial numbers);
-- ``msb run --worker``: such a trial is failed (compare-and-set RUNNING -> FAIL, so only one worker wins) and
-  re-enqueued as a new ``WAITING`` trial with the same item and parameters; its run folder is keyed by the
-  config hash, so the retry continues the interrupted training from its last finished epoch.
+  - plain ``msb run`` (``exclusive``): the trial is *re-opened* under the same number (``RUNNING -> WAITING``
+    through ``BaseStorage.set_trial_state_values``, then claimed by ``ask()``), so a resumed study makes exactly
+    the decisions of an uninterrupted one: Hyperband's bracket and the sampler seed are functions of the trial
+    number. Optuna has no public call that re-opens a trial; this is the one place we drive the storage
+    interface directly, and ``tests/study/test_coord.py`` fails without it;
+  - ``msb run --worker``: the trial is told ``FAIL`` (``Study.tell``; only one process can win, the others get
+    an error because the trial is finished) and the winner hands it to the retry callback.
 
-A trial that raised an error is told ``FAIL``; plain ``msb run`` re-enqueues failed items when it starts.
+A trial whose work raised an error is told ``FAIL``; plain ``msb run`` re-enqueues failed items when it starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 import random
@@ -33,25 +42,29 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+import filelock
 import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from msb.errors import MSBError
 
-__all__ = ["default_storage_url", "open_storage", "get_or_create_study", "owner_id", "owner_alive",
-           "claim_next", "retry_trial", "Heartbeat", "file_lock", "items_status", "ItemsStatus",
-           "phase_study_name"]
+__all__ = ["default_storage_url", "open_storage", "close_storage", "get_or_create_study", "owner_id",
+           "owner_alive", "claim_next", "retry_failed", "Heartbeat", "file_lock", "items_status", "ItemsStatus",
+           "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 FINISHED_OK = (TrialState.COMPLETE, TrialState.PRUNED)
+MAX_RETRY = 3
+"""Retries of one item after stale-heartbeat / dead-owner failures (a trial that keeps killing its worker is
+not retried for ever); a plain ``msb run`` retries failed items again when it starts."""
 
 
 def default_storage_url(study_root: Path) -> str:
-    """``sqlite:///<study_root>/_study/optuna.db`` (absolute path)."""
+    """``sqlite:///<study_root>/_study/optuna.db`` (absolute path; the folder is created)."""
     db = (Path(study_root) / "_study" / "optuna.db").resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
@@ -61,17 +74,6 @@ def phase_study_name(study: str, unit: str, phase: str, spec_hash: str, instance
     """Optuna study name of one phase of one dataset x architecture unit:
     ``<study>/<unit>/<phase>/<spec hash 8>-<instance 8>``."""
     return f"{study}/{unit}/{phase}/{spec_hash[:8]}-{instance[:8]}"
-
-
-def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue a ``WAITING`` copy of ``trial`` (same item, parameters and distributions), marked ``retry_of``.
-
-    Used as optuna's stale-trial callback (called once, by the process that failed the stale trial)."""
-    attrs = dict(trial.user_attrs)
-    attrs.pop("owner", None)
-    study.add_trial(optuna.trial.create_trial(
-        state=TrialState.WAITING, params=trial.params, distributions=trial.distributions, user_attrs=attrs,
-        system_attrs={"retry_of": trial.number}))
 
 
 def _with_driver(url: str) -> str:
@@ -88,31 +90,29 @@ def _with_driver(url: str) -> str:
 
 
 def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120) -> optuna.storages.RDBStorage:
-    """An optuna ``RDBStorage`` with heartbeats (stale trials are failed and retried by :func:`retry_trial`).
+    """An optuna ``RDBStorage`` with heartbeats; stale trials are retried by
+    ``RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)``.
 
-    SQLite URLs get a 120 s lock timeout (several processes share one file).
+    Args:
+        url: SQLAlchemy URL (``sqlite:///...``, ``postgresql://user:pass@host/db``). SQLite gets a 120 s lock
+            timeout (several processes share one file).
+        heartbeat_interval, grace_period: seconds between beats / before a silent trial is stale.
 
     Raises:
         MSBError: the database cannot be reached or opened (the message names the URL without its password).
     """
-    kwargs: dict[str, Any] = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
-    import inspect
-
-    sig = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
-    cb_key = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in sig else "failed_trial_callback"
-    kwargs[cb_key] = retry_trial
     url = _with_driver(url)
-    engine_kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        engine_kwargs = {"connect_args": {"timeout": 120}}
-    else:
-        engine_kwargs = {"pool_pre_ping": True}
+    engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else \
+        {"pool_pre_ping": True}
     last: Exception | None = None
     for attempt in range(4):  # workers starting together on a fresh database race to create optuna's tables
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # heartbeat arguments are marked experimental by optuna
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **kwargs)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
+                    grace_period=grace_period,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(MAX_RETRY))
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:  # table-creation race
             last = exc
             time.sleep(0.5 + attempt + random.random())
@@ -125,11 +125,17 @@ def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120
                    f"(e.g. postgresql://user:pass@host/db) and that the server is reachable")
 
 
+def close_storage(storage: optuna.storages.RDBStorage) -> None:
+    """Release the storage's session and connection pool (public ``remove_session`` and ``engine``)."""
+    storage.remove_session()
+    storage.engine.dispose()
+
+
 def get_or_create_study(storage: optuna.storages.BaseStorage, name: str, direction: str,
                         items: list[dict[str, Any]], sampler: optuna.samplers.BaseSampler | None = None,
                         pruner: optuna.pruners.BasePruner | None = None, wait_s: float = 60.0) -> optuna.Study:
-    """Create the optuna study ``name`` and enqueue ``items`` (one ``WAITING`` trial each, user attributes
-    ``item=i`` plus the item's mapping), or load it when it exists.
+    """Create the optuna study ``name`` and enqueue ``items`` (``Study.enqueue_trial``: one ``WAITING`` trial
+    each, user attributes ``item=i`` plus the item's mapping), or load it when it exists.
 
     Only the creator enqueues; it then sets the study attribute ``enqueued``. A process that loads a study
     without ``enqueued`` waits up to ``wait_s`` s for it and then enqueues the missing items itself (the creator
@@ -142,21 +148,31 @@ def get_or_create_study(storage: optuna.storages.BaseStorage, name: str, directi
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
         created = False
-    if created:
-        for i, it in enumerate(items):
+    if not created:
+        deadline = time.monotonic() + wait_s
+        while "enqueued" not in study.user_attrs and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if "enqueued" in study.user_attrs:
+            return study
+    have = {t.user_attrs.get("item") for t in study.get_trials(deepcopy=False)}
+    for i, it in enumerate(items):
+        if i not in have:
             study.enqueue_trial({}, user_attrs={"item": i, **it})
-        study.set_user_attr("enqueued", len(items))
-        return study
-    deadline = time.monotonic() + wait_s
-    while "enqueued" not in study.user_attrs and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if "enqueued" not in study.user_attrs:
-        have = {t.user_attrs.get("item") for t in study.get_trials(deepcopy=False)}
-        for i, it in enumerate(items):
-            if i not in have:
-                study.enqueue_trial({}, user_attrs={"item": i, **it})
-        study.set_user_attr("enqueued", len(items))
+    study.set_user_attr("enqueued", len(items))
     return study
+
+
+def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: int) -> int:
+    """Storage id of trial ``number`` of ``study`` (public storage look-ups; needed for heartbeats)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
+
+
+def frozen_trial(study: optuna.Study, number: int) -> FrozenTrial:
+    """The stored state of trial ``number`` (fresh from the storage). Raises ``KeyError`` if absent."""
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            return t
+    raise KeyError(number)
 
 
 def _start_time(pid: int) -> str:
@@ -193,72 +209,89 @@ def owner_alive(owner: str | None) -> bool | None:
     return start == "?" or _start_time(pid) == start
 
 
-def _trials(study: optuna.Study, states: tuple[TrialState, ...]) -> list[FrozenTrial]:
-    return sorted(study.get_trials(deepcopy=False, states=states), key=lambda t: t.number)
+def retry_failed(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue one ``WAITING`` copy of the failed ``trial`` (``RetryHeartbeatStaleTrialCallback`` without a
+    retry limit: a user's rerun asks for it)."""
+    with warnings.catch_warnings():  # marked experimental (not deprecated) by optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = optuna.storages.RetryHeartbeatStaleTrialCallback()
+    callback(study, trial)
 
 
-def claim_next(study: optuna.Study, exclusive: bool, reseed: Callable[[int], None] | None = None,
-               log: Callable[[str], None] = lambda _m: None) -> optuna.trial.Trial | None:
-    """Claim the next work item of ``study``, or return None when nothing is claimable now.
+def _dead(t: FrozenTrial, grace_s: float) -> bool:
+    alive = owner_alive(t.user_attrs.get("owner"))
+    if "owner" not in t.user_attrs and t.datetime_start is not None:  # died between claim and tagging
+        if (datetime.datetime.now() - t.datetime_start).total_seconds() > grace_s:
+            alive = False
+    return alive is False
 
-    Order: (1) a ``RUNNING`` trial whose owner died on this host: re-attached when ``exclusive`` (plain
-    ``msb run``), else failed and re-enqueued; (2) stale trials (heartbeat older than the grace period) are
-    failed and re-enqueued (optuna ``fail_stale_trials``); (3) the ``WAITING`` trial with the smallest number,
-    by compare-and-set. ``reseed(trial_number)`` runs before the trial object is built (the sampler draws its
-    relative parameters then). The claimed trial's ``owner`` attribute is set to this process.
+
+def claim_next(study: optuna.Study, storage: optuna.storages.RDBStorage, exclusive: bool,
+               reseed: Callable[[int], None] | None = None, log: Callable[[str], None] = lambda _m: None
+               ) -> optuna.trial.Trial | None:
+    """Claim the next work item of ``study`` (module docstring), or return None when nothing is claimable now.
+
+    Call it under the phase's claim :func:`file_lock`. Order: (1) ``RUNNING`` trials whose owner died on this
+    host are re-opened (``exclusive``) or failed and retried; (2) ``optuna.storages.fail_stale_trials``;
+    (3) ``Study.ask()`` claims the ``WAITING`` trial with the smallest number. ``reseed(number)`` runs before
+    ``ask()`` (the sampler draws then). The claimed trial gets ``owner`` = this process and a first heartbeat.
     """
-    storage = study._storage
-    for t in _trials(study, (TrialState.RUNNING,)):
-        alive = owner_alive(t.user_attrs.get("owner"))
-        if "owner" not in t.user_attrs and t.datetime_start is not None:  # died between claim and tagging
-            grace = getattr(storage, "grace_period", None) or 120
-            if (datetime.datetime.now() - t.datetime_start).total_seconds() > grace:
-                alive = False
-        if alive is False:
-            if exclusive:
-                log(f"re-attaching trial {t.number} (item {t.user_attrs.get('item')}) of {study.study_name}: "
-                    f"its process ended")
-                return _attach(study, t, reseed)
-            try:
-                if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                    log(f"trial {t.number} of {study.study_name}: its process ended; re-enqueued")
-                    retry_trial(study, storage.get_trial(t._trial_id))
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass
-    with contextlib.suppress(Exception), warnings.catch_warnings():
+    grace = float(getattr(storage, "grace_period", None) or 120)  # RDBStorage(grace_period=...)
+    callback = storage.get_heartbeat_stale_trial_callback()
+    for t in sorted(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)), key=lambda t: t.number):
+        if not _dead(t, grace):
+            continue
+        if exclusive:
+            log(f"re-attaching trial {t.number} (item {t.user_attrs.get('item')}) of {study.study_name}: "
+                f"its process ended")
+            storage.set_trial_state_values(trial_id(storage, study, t.number), state=TrialState.WAITING)
+            continue
+        try:
+            study.tell(t.number, state=TrialState.FAIL)
+        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue  # another process failed (or finished) it first
+        log(f"trial {t.number} of {study.study_name}: its process ended; re-enqueued")
+        if callback is not None:
+            callback(study, frozen_trial(study, t.number))
+    with warnings.catch_warnings():  # fail_stale_trials is marked experimental (not deprecated) by optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    for t in _trials(study, (TrialState.WAITING,)):
-        try:
-            if not storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
-                continue
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue
-        return _attach(study, t, reseed)
-    return None
-
-
-def _attach(study: optuna.Study, t: FrozenTrial, reseed: Callable[[int], None] | None) -> optuna.trial.Trial:
+    waiting = sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number)
+    if not waiting:
+        return None
     if reseed is not None:
-        reseed(t.number)
-    trial = optuna.trial.Trial(study, t._trial_id)
+        reseed(waiting[0].number)
+    with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize": we beat ourselves
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed", category=UserWarning)
+        trial = study.ask()
+    if "item" not in trial.user_attrs:  # another machine took the last WAITING trial between look and ask
+        trial.set_user_attr("note", "asked when no work item was left; not a work item")
+        study.tell(trial, state=TrialState.FAIL)
+        return None
     trial.set_user_attr("owner", owner_id())
-    study._storage.record_heartbeat(t._trial_id)  # type: ignore[attr-defined]
+    storage.record_heartbeat(trial_id(storage, study, trial.number))
     return trial
 
 
 class Heartbeat:
-    """Context manager: a daemon thread calling ``storage.record_heartbeat(trial_id)`` every ``interval`` s."""
+    """Context manager: a daemon thread calling ``storage.record_heartbeat(trial_id)`` every ``interval`` s.
 
-    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int, interval: float) -> None:
+    A failed beat (e.g. a database hiccup) is retried at the next interval; the grace period (several
+    intervals) absorbs single misses."""
+
+    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int, interval: float,
+                 log: Callable[[str], None] = lambda _m: None) -> None:
         self.storage, self.trial_id, self.interval = storage, trial_id, max(float(interval), 0.1)
+        self.log = log
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with contextlib.suppress(Exception):
+            try:
                 self.storage.record_heartbeat(self.trial_id)
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                self.log(f"heartbeat of trial id {self.trial_id} failed ({type(exc).__name__}); retrying")
 
     def __enter__(self) -> "Heartbeat":
         self._thread.start()
@@ -269,23 +302,13 @@ class Heartbeat:
         self._thread.join(timeout=5)
 
 
-@contextlib.contextmanager
-def file_lock(path: str | Path) -> Iterator[None]:
-    """Exclusive advisory lock (``fcntl.flock``) on ``path`` (created if needed) for the ``with`` block.
-
-    Serialises work on one folder between processes of one machine (and of several machines where the shared
-    file system supports ``flock``, e.g. NFSv4). Released automatically when the process dies.
-    """
-    import fcntl
-
+def file_lock(path: str | Path) -> filelock.BaseFileLock:
+    """Exclusive advisory lock on ``path`` (``filelock.FileLock``, ``flock`` on POSIX; the folder is created),
+    for a ``with`` block. Serialises work on one folder between processes of one machine (and of several
+    machines where the shared file system supports ``flock``, e.g. NFSv4); released when the process dies."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return filelock.FileLock(str(path), thread_local=False)
 
 
 class ItemsStatus:
@@ -299,10 +322,15 @@ class ItemsStatus:
         """Every item finished (COMPLETE or PRUNED)."""
         return len(self.done) == self.n_items
 
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (item numbers per status)."""
+        return {"n_items": self.n_items, "done": sorted(self.done), "pending": sorted(self.pending),
+                "failed": sorted(self.failed)}
+
 
 def items_status(study: optuna.Study, n_items: int) -> ItemsStatus:
     """Per item: its finished trial (COMPLETE/PRUNED, the first one), whether a trial of it is WAITING/RUNNING,
-    or its failed trial (every trial of it FAIL and none pending)."""
+    or its failed trial (every trial of it FAIL and none pending). Trials without ``item`` are ignored."""
     done: dict[int, FrozenTrial] = {}
     pending: set[int] = set()
     failed: dict[int, FrozenTrial] = {}
@@ -319,3 +347,59 @@ def items_status(study: optuna.Study, n_items: int) -> ItemsStatus:
     failed = {i: t for i, t in failed.items() if i not in done and i not in pending}
     pending -= set(done)
     return ItemsStatus(n_items, done, pending, failed)
+
+
+def work_loop(study: optuna.Study, storage: optuna.storages.RDBStorage, n_items: int, label: str,
+              work: Callable[[optuna.trial.Trial], None], *, claim_lock: Path, exclusive: bool,
+              heartbeat_interval: float, poll_s: float, on_status: Callable[[ItemsStatus], None] = lambda _s: None,
+              reseed: Callable[[int], None] | None = None, log: Callable[[str], None] = lambda _m: None
+              ) -> ItemsStatus:
+    """Claim and run work items of ``study`` until every item is finished.
+
+    Args:
+        study, storage: the phase study and its storage; n_items: number of enqueued items.
+        label: ``[unit] phase`` for messages; work: runs one claimed trial and tells it (raises on error).
+        claim_lock: lock file serialising claims (SQLite has no row locks); exclusive: plain ``msb run``
+            (re-attach dead trials, retry failed items first); heartbeat_interval: seconds between beats;
+        poll_s: seconds between looks while other processes run the remaining items;
+        on_status: called with the status before every claim (e.g. to write ``state.json``).
+
+    Returns:
+        The final :class:`ItemsStatus` (complete).
+
+    Raises:
+        MSBError: items failed and none is pending; the error of ``work`` (its trial is told FAIL first).
+    """
+    if exclusive:
+        for item, t in items_status(study, n_items).failed.items():
+            log(f"{label} item {item} (trial {t.number}) failed before; retrying it")
+            retry_failed(study, t)
+    waited = False
+    while True:
+        st = items_status(study, n_items)
+        on_status(st)
+        if st.complete:
+            return st
+        if st.failed and not st.pending:
+            raise MSBError(f"{label}: work item(s) {sorted(st.failed)} failed (trial(s) "
+                           f"{[t.number for t in st.failed.values()]} of optuna study {study.study_name!r}); see the "
+                           f"error above or the log of the worker that ran it, then rerun 'msb run' to retry")
+        with file_lock(claim_lock):
+            trial = claim_next(study, storage, exclusive, reseed, log)
+        if trial is None:
+            if not waited:
+                log(f"{label}: waiting for {len(st.pending)} item(s) run by other processes")
+                waited = True
+            time.sleep(poll_s)
+            continue
+        waited = False
+        with Heartbeat(storage, trial_id(storage, study, trial.number), heartbeat_interval, log):
+            try:
+                work(trial)
+            except BaseException:
+                try:
+                    study.tell(trial, state=TrialState.FAIL)
+                except Exception as tell_exc:  # noqa: BLE001 - the work's own error is the one to show
+                    log(f"{label}: could not mark trial {trial.number} failed ({type(tell_exc).__name__}); "
+                        f"its heartbeat will expire")
+                raise

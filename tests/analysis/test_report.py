@@ -34,7 +34,7 @@ def msb(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
-    from msb.engine.runner import run_study
+    from msb.study.pipeline import run_study
 
     root = tmp_path_factory.mktemp("study")
     cfg = root / "configs"

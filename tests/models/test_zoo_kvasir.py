@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from msb.data.converters import prepare_dataset
-from msb.engine.runner import run_study
+from msb.study.pipeline import run_study
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = ["unet_r18", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer_b0"]

@@ -167,7 +167,7 @@ def _study(tmp_path: Path, notifications: dict, data_root: str) -> Path:
 def test_run_study_failure_is_notified_and_still_raised(tmp_path: Path, hook):
     """A study whose dataset folder does not exist fails in run_study; the webhook gets 'failed' with the error,
     and the MSBError reaches the caller unchanged."""
-    from msb.engine.runner import run_study
+    from msb.study.pipeline import run_study
 
     study = _study(tmp_path, {"enabled": True, "webhook": {"url": hook.url}}, str(tmp_path / "no_data"))
     lines = []
@@ -183,7 +183,7 @@ def test_run_study_failure_is_notified_and_still_raised(tmp_path: Path, hook):
 def test_failed_notification_never_fails_the_study(tmp_path: Path):
     """Webhook on a closed port: the study's own outcome (here: its MSBError; below: a return value) is unchanged
     and exactly one warning line is logged."""
-    from msb.engine.runner import run_study
+    from msb.study.pipeline import run_study
 
     url = f"http://127.0.0.1:{_closed_port()}/x"
     study = _study(tmp_path, {"enabled": True, "webhook": {"url": url, "timeout_s": 2}}, str(tmp_path / "no"))

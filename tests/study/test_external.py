@@ -12,7 +12,8 @@ import pytest
 
 from msb.config.generate import generate_runs
 from msb.data.schema import ClassSpec, write_prepared_dataset
-from msb.engine.runner import ensure_dataset, train_run
+from msb.data.prepare import ensure_dataset
+from msb.engine.runner import train_run
 from msb.errors import MSBError
 from msb.evaluation.evaluator import map_reference_classes
 from msb.study.external import evaluate_external, parse_class_map_option, resolve_class_map, resolve_external

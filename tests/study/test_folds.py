@@ -10,7 +10,7 @@ import pytest
 
 from msb.data.schema import load_prepared_dataset
 from msb.errors import MSBError
-from msb.study import engine
+from msb.study import crossval, pipeline, units
 from msb.study.folds import assign_folds, empty_mask_strata, fold_split, read_folds, write_folds
 
 
@@ -115,12 +115,12 @@ def test_read_folds_errors(tmp_path: Path):
 def test_study_folds_persisted_reused_and_reproduced(make_project, tmp_path: Path):
     """folds.csv is written once per study, reused as is on resume, and redrawn identically from the seed."""
     study = make_project(tmp_path, {"study": "f", "cross_validation": {"k": 3, "stratify": "empty_mask"}})
-    u = engine.study_units(study)[0]
+    u = units.study_units(study)[0]
     u.state_dir.mkdir(parents=True)
-    from msb.engine.runner import ensure_dataset
+    from msb.data.prepare import ensure_dataset
 
     ds = ensure_dataset(u.cfg)
-    folds, sha = engine._ensure_folds(u, ds, lambda m: None)
+    folds, sha = crossval.ensure_folds(u, ds, lambda m: None)
     path = u.state_dir / "folds.csv"
     first = path.read_bytes()
     # test samples = the run config's own test split, held out of every fold
@@ -131,18 +131,18 @@ def test_study_folds_persisted_reused_and_reproduced(make_project, tmp_path: Pat
     edited = folds.copy()
     edited.loc[edited["fold"] >= 0, "fold"] = (edited.loc[edited["fold"] >= 0, "fold"] + 1) % 3
     write_folds(path, edited)
-    again, sha2 = engine._ensure_folds(u, ds, lambda m: None)
+    again, sha2 = crossval.ensure_folds(u, ds, lambda m: None)
     assert again["fold"].tolist() == edited["fold"].tolist() and sha2 != sha
     # reproduced from the seed after deletion
     path.unlink()
-    engine._ensure_folds(u, ds, lambda m: None)
+    crossval.ensure_folds(u, ds, lambda m: None)
     assert path.read_bytes() == first
 
 
 def test_study_with_too_many_folds_fails_before_training(make_project, tmp_path: Path):
     study = make_project(tmp_path, {"study": "bad", "cross_validation": {"k": 20}})
     with pytest.raises(MSBError, match=r"20-fold cross-validation needs at least 20 groups"):
-        engine.run_study_spec(study)
+        pipeline.run_study(study)
     sdir = tmp_path / "runs" / "bad"
     assert not (sdir / "_study" / "synthetic-unet_tiny" / "folds.csv").exists()
     assert not list(sdir.glob("*-fold*")) and not [p for p in sdir.rglob(".*") if p.is_file()]

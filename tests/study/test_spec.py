@@ -117,11 +117,11 @@ def test_apply_params_replaces_keys_and_validates():
      "train.batch_size"),
 ])
 def test_bad_search_values_fail_before_anything_is_written(make_project, tmp_path: Path, search, needle):
-    from msb.study.engine import run_study_spec
+    from msb.study.pipeline import run_study
 
     study = make_project(tmp_path, {"study": "s", "search": search})
     with pytest.raises(MSBError) as e:
-        run_study_spec(study)
+        run_study(study)
     assert needle in str(e.value) and str(study) in str(e.value)
     assert not (tmp_path / "runs").exists() and not (tmp_path / "datasets").exists()
 
@@ -129,7 +129,7 @@ def test_bad_search_values_fail_before_anything_is_written(make_project, tmp_pat
 @pytest.mark.parametrize("rel", ["configs/studies/kvasir_unet_grid_cv.yaml",
                                  "configs/studies/synthetic_hyperband_cv.yaml"])
 def test_example_studies_validate(rel: str):
-    from msb.study.engine import study_units
+    from msb.study.units import study_units
 
     spec, _ = load_study(REPO / rel)
     assert spec.search is not None and spec.cross_validation is not None and spec.final is not None

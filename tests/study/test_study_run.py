@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from msb.errors import MSBError
-from msb.study.engine import run_study_spec
+from msb.study.pipeline import run_study
 from msb.utils.hashing import sha256_file
 
 STUDY = {
@@ -29,7 +29,7 @@ def grid_study(tmp_path_factory, make_project):
     root = tmp_path_factory.mktemp("grid")
     study = make_project(root, STUDY)
     logs: list[str] = []
-    outcomes = run_study_spec(study, log=logs.append)
+    outcomes = run_study(study, log=logs.append)
     return root, study, outcomes, logs
 
 
@@ -122,7 +122,7 @@ def test_rerun_resumes_without_work(grid_study):
     logs = sorted((root / "runs" / "grid").glob("*/train_log.csv"))
     before = {p: p.stat().st_mtime_ns for p in logs}
     lines: list[str] = []
-    again = run_study_spec(study, log=lines.append)
+    again = run_study(study, log=lines.append)
     assert {p: p.stat().st_mtime_ns for p in logs} == before
     assert not [ln for ln in lines if "training unet" in ln or "evaluated '" in ln]
     assert [p for o in again for p in o.counts_paths] == [p for o in outcomes for p in o.counts_paths]
@@ -132,7 +132,7 @@ def test_changed_spec_is_refused(grid_study, make_project):
     root, study, _, _ = grid_study
     changed = make_project(root, {**STUDY, "cross_validation": {"k": 2}})
     with pytest.raises(MSBError, match=r"spec.json: this study folder was started with other"):
-        run_study_spec(changed)
+        run_study(changed)
     make_project(root, STUDY)  # restore for other tests
 
 
@@ -141,11 +141,11 @@ def test_too_many_folds_fail_before_any_training(tmp_path, make_project):
     and the same folder runs once k is fixed (no stale spec.json blocks it)."""
     study = make_project(tmp_path, {**STUDY, "cross_validation": {"k": 50, "group_column": "group"}})
     with pytest.raises(MSBError, match=r"study\.yaml: 50-fold cross-validation needs at least 50 groups"):
-        run_study_spec(study)
+        run_study(study)
     unit = tmp_path / "runs" / "grid" / "_study" / "synthetic-unet_tiny"
     assert not (unit / "spec.json").exists() and not (unit / "folds.csv").exists()
     assert not list((tmp_path / "runs" / "grid").glob("*/checkpoints"))
     fixed = make_project(tmp_path, {**STUDY, "search": None, "cross_validation": {"k": 2, "group_column": "group"},
                                     "final": {"checkpoint": "best", "test_split": "test"}})
-    outcomes = run_study_spec(fixed)
+    outcomes = run_study(fixed)
     assert sorted(o.run_id.rsplit("-", 1)[-1] for o in outcomes if "fold" in o.run_id) == ["fold0", "fold1"]

@@ -46,7 +46,7 @@ def _check_storage(url: str, study_prefix: str, n_search: int, n_cv: int, logs: 
         assert ok == Counter(range(n_items)), (name, ok)  # every item completed exactly once
         for t in trials:
             if t.state == TrialState.FAIL:  # only a killed worker's trial, retried exactly once
-                assert sum(1 for r in trials if r.system_attrs.get("retry_of") == t.number) == 1
+                assert sum(1 for r in trials if r.system_attrs.get("failed_trial") == t.number) == 1
     # no trial was run by two workers: each "search trial N" / "fold j" line appears in one log only
     lines = Counter()
     for text in logs:

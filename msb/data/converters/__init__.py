@@ -17,97 +17,13 @@ is accepted for ``-``.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-import shutil
-import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
+from msb.data.converters.staging import ConversionReport, staged_output  # re-exported
 from msb.errors import MSBError
-from msb.utils.atomic import current_umask, replace_dir
-
-
-@dataclass
-class ConversionReport:
-    """What a conversion produced.
-
-    Attributes:
-        n_samples: number of samples written to ``index.csv``.
-        n_changed_mask_pixels: mask pixels whose written value differs from the source value (binarisation of
-            lossy masks); 0 when masks were copied unchanged.
-        notes: human-readable remarks (threshold used, skipped files, dataset pitfalls).
-        out: the prepared dataset folder (absolute).
-        name: converter name.
-        n_mask_pixels: total number of mask pixels processed (denominator for ``n_changed_mask_pixels``).
-    """
-
-    n_samples: int
-    n_changed_mask_pixels: int
-    notes: list[str] = field(default_factory=list)
-    out: Path | None = None
-    name: str = ""
-    n_mask_pixels: int = 0
-
-    def summary(self) -> str:
-        """One paragraph for the CLI: samples, destination, changed pixels (count and %), then the notes."""
-        lines = [f"Prepared {self.n_samples} sample(s)" + (f" ({self.name})" if self.name else "")
-                 + (f" in {self.out}" if self.out is not None else "") + "."]
-        if self.n_mask_pixels:
-            pct = 100.0 * self.n_changed_mask_pixels / self.n_mask_pixels
-            lines.append(f"Mask binarisation changed {self.n_changed_mask_pixels:,} of {self.n_mask_pixels:,} mask "
-                         f"pixels ({pct:.3f} %).")
-        else:
-            lines.append(f"Mask pixels changed: {self.n_changed_mask_pixels:,}.")
-        lines += [f"- {n}" for n in self.notes]
-        return "\n".join(lines)
-
-
-def _check_no_overlap(source: Path | None, out: Path) -> None:
-    if source is None:
-        return
-    s, o = source.resolve(), out.resolve()
-    if s == o or o in s.parents or s in o.parents:
-        raise MSBError(f"output folder {o} and source folder {s} overlap; write the prepared dataset to a separate "
-                       f"folder (e.g. datasets/<name>).")
-
-
-@contextlib.contextmanager
-def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str | os.PathLike | None = None
-                  ) -> Iterator[Path]:
-    """Build a folder in a temporary sibling of ``out`` and move it onto ``out`` on success.
-
-    Args:
-        out: final dataset folder.
-        overwrite: replace an existing non-empty ``out``; otherwise that is an error.
-        source: the source folder, if any; ``out`` must not overlap it (so ``overwrite`` can never delete the
-            source).
-
-    Yields:
-        The temporary folder (``<parent>/.<name>.tmp-XXXX``) to write into.
-
-    Raises:
-        MSBError: ``out`` is a file, is non-empty without ``overwrite``, or overlaps ``source``. Any exception in
-            the body deletes the temporary folder and propagates.
-    """
-    out = Path(out).expanduser().absolute()
-    _check_no_overlap(Path(source) if source is not None else None, out)
-    if out.exists() and not out.is_dir():
-        raise MSBError(f"output {out} exists and is not a folder; choose another output folder.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise MSBError(f"output folder {out} already exists and is not empty; pass --overwrite (overwrite=True in Python) "
-                       f"to replace it, or choose another output folder.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a dataset folder gets the usual mode
-        replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _synthetic(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any) -> ConversionReport:

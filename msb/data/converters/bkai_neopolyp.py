@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters._common import (MaskResult, Sample, check_limit, check_threshold, descend_same_name,
                                          find_child, list_images, natural_key, open_rgb, read_groups_csv,
                                          write_samples)

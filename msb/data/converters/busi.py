@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters._common import (MaskResult, Sample, check_limit, listed, natural_key, read_grey_mask,
                                          read_groups_csv, write_samples)
 from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset

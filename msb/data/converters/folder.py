@@ -41,7 +41,7 @@ from PIL import Image, UnidentifiedImageError
 
 from msb.data.schema import (INDEX_COLUMNS, ClassSpec, image_size, load_prepared_dataset, read_mask,
                              write_prepared_dataset)
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path, atomic_write_bytes
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters._common import (Sample, check_limit, check_threshold, copy_text_files, find_child,
                                          natural_key, read_groups_csv, threshold_mask_fn, write_samples)
 from msb.data.converters.folder import find_pairs

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters.folder import Pair, convert_pairs, find_pairs
 from msb.data.schema import load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError

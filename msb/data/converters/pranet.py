@@ -42,7 +42,7 @@ import os
 import re
 from pathlib import Path
 
-from msb.data.converters import ConversionReport, staged_output
+from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters._common import (Sample, carve_validation, check_limit, check_threshold, find_child,
                                          natural_key, read_groups_csv, threshold_mask_fn, write_samples)
 from msb.data.converters.folder import find_pairs

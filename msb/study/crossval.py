@@ -1,0 +1,136 @@
+"""Phase 2 of a study, group-aware K-fold cross-validation of the selected configuration.
+
+``_study/<unit>/folds.csv`` is drawn once (:mod:`msb.study.folds`; the run config's split is kept in
+``_study/<unit>/split.csv``). Fold ``j`` (0-based, as in ``folds.csv`` and the counts' ``fold`` column) is the
+run folder ``<selected run id>-fold<j>``: the selected config, ``split.csv`` from the folds and ``fold.json``;
+it is trained, evaluated on ``final.test_split`` and on every external set (:mod:`msb.study.evaluate`). Each fold
+is an optuna work item of the study ``<study>/<unit>/cv/...``.
+
+Reads: the prepared dataset, ``folds.csv``. Writes: ``folds.csv``, ``split.csv``, the fold run folders.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
+from msb.config.generate import GeneratedRun, write_run_config
+from msb.data.schema import PreparedDataset
+from msb.data.splits import resolve_splits, split_file_text, write_split_file
+from msb.engine.runner import train_run, write_manifest
+from msb.errors import MSBError
+from msb.study import coord
+from msb.study.evaluate import evaluate_final, run_manifest_extra
+from msb.study.folds import assign_folds, empty_mask_strata, fold_split, read_folds, write_folds
+from msb.study.manifest import read_json, write_json
+from msb.study.search import Selected
+from msb.study.units import StudyContext, StudyUnit, unit_lock, write_state
+from msb.utils.device import select_device
+from msb.utils.hashing import sha256_file
+from msb.utils.progress import Logger
+
+__all__ = ["ensure_folds", "fold_run", "cross_validate"]
+
+
+def ensure_folds(u: StudyUnit, ds: PreparedDataset, log: Logger) -> tuple[pd.DataFrame, str]:
+    """Draw ``folds.csv`` once (under the unit's ``folds`` lock) or read it; return it and its SHA-256.
+
+    Raises:
+        MSBError: unknown ``cross_validation.stratify`` column, more folds than groups, ids not in the dataset.
+    """
+    cv = u.spec.cross_validation
+    assert cv is not None
+    path = u.state_dir / "folds.csv"
+    ids = [str(s) for s in ds.index["sample_id"]]
+    with unit_lock(u, "folds"):
+        if not path.is_file():
+            s = u.cfg.data.split
+            split = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column,
+                                   ds.root / "index.csv")
+            write_split_file(u.state_dir / "split.csv", split)
+            pool = ids if cv.include_test else [i for i in ids if split[i] != "test"]
+            strata = None
+            if cv.stratify == "empty_mask":
+                strata = empty_mask_strata(ds, pool)
+            elif cv.stratify:
+                if cv.stratify not in ds.index.columns:
+                    raise MSBError(f"{u.study_file}: cross_validation.stratify {cv.stratify!r} is neither "
+                                   f"'empty_mask' nor a column of {ds.root / 'index.csv'} "
+                                   f"(columns: {', '.join(map(str, ds.index.columns))})")
+                strata = ds.index.set_index(ds.index["sample_id"].astype(str))[cv.stratify]
+            seed = cv.seed if cv.seed is not None else s.seed
+            folds = assign_folds(ds.index, pool, cv.k, cv.group_column, strata, seed, where=str(u.study_file))
+            write_folds(path, folds)
+            sizes = folds[folds["fold"] >= 0]["fold"].value_counts().sort_index()
+            log(f"[{u.name}] {cv.k} folds drawn (seed {seed}): sizes {', '.join(str(int(n)) for n in sizes)}; "
+                f"{int((folds['fold'] < 0).sum())} held-out test sample(s) -> {path}")
+        folds = read_folds(path, known_ids=ids)
+    return folds, sha256_file(path)
+
+
+def fold_run(sel: Selected, j: int) -> GeneratedRun:
+    """Run ``<selected run id>-fold<j>`` with the selected config."""
+    r = sel.final_run
+    return GeneratedRun(f"{r.run_id}-fold{j}", r.config, r.config_hash, r.dataset, r.architecture)
+
+
+def _prepare_fold_dir(u: StudyUnit, run: GeneratedRun, run_dir: Path, folds: pd.DataFrame, j: int,
+                      folds_sha: str) -> None:
+    write_run_config(run, run_dir)
+    split = fold_split(folds, j)
+    path = run_dir / "split.csv"
+    if path.is_file():
+        if path.read_text() != split_file_text(split):
+            raise MSBError(f"{path}: differs from fold {j} of {u.state_dir / 'folds.csv'}; the folder belongs to "
+                           f"another fold assignment; use another run_root or delete it")
+    else:
+        write_split_file(path, split)
+    info = {"fold": j, "k": int(folds["fold"].max()) + 1, "folds_sha256": folds_sha, "study": u.spec.study,
+            "unit": u.name}
+    if read_json(run_dir / "fold.json") != info:
+        write_json(run_dir / "fold.json", info)
+
+
+def cross_validate(u: StudyUnit, sel: Selected, ds: PreparedDataset, ctx: StudyContext) -> tuple[Any, str]:
+    """Train and evaluate every fold of unit ``u`` (or join other workers doing so); return the folds table
+    and its SHA-256.
+
+    Raises:
+        MSBError: failed folds (after the retries), data errors.
+    """
+    cv = u.spec.cross_validation
+    assert cv is not None
+    folds, folds_sha = ensure_folds(u, ds, ctx.log)
+    device = str(select_device(u.cfg.train.device))
+    metric = u.cfg.checkpoint.metric
+    name = coord.phase_study_name(u.spec.study, u.name, "cv", u.spec_hash, u.instance)
+    study = coord.get_or_create_study(ctx.storage, name, "minimize" if metric == "loss" else "maximize",
+                                      [{"fold": j} for j in range(cv.k)])
+
+    def work(trial: optuna.trial.Trial) -> None:
+        j = int(trial.user_attrs["fold"])
+        run = fold_run(sel, j)
+        run_dir = u.root / run.run_id
+        trial.set_user_attr("run_id", run.run_id)
+        ctx.log(f"[{u.name}] fold {j + 1}/{cv.k} (trial {trial.number}) -> {run.run_id}")
+        with unit_lock(u, run.run_id):
+            _prepare_fold_dir(u, run, run_dir, folds, j, folds_sha)
+            res = train_run(run, run_dir, ds, ctx.track, ctx.log)
+            evaluate_final(u, run_dir, ds, ctx)
+            write_manifest(run_dir, run, device, run_manifest_extra(u, j, folds_sha))
+        if math.isfinite(res.best_value):
+            study.tell(trial, float(res.best_value))
+        else:
+            trial.set_user_attr("note", f"no finite validation {metric}")
+            study.tell(trial, state=TrialState.PRUNED)
+
+    coord.work_loop(study, ctx.storage, cv.k, f"[{u.name}] cv", work,
+                    claim_lock=u.state_dir / "locks" / "claim-cv.lock", exclusive=ctx.exclusive,
+                    heartbeat_interval=ctx.heartbeat_interval, poll_s=ctx.poll_s,
+                    on_status=lambda st: write_state(u, cv=st.as_dict()), log=ctx.log)
+    return folds, folds_sha

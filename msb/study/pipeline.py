@@ -1,0 +1,112 @@
+"""``msb run``: the one study pipeline. plan -> search -> cross-validation -> final evaluation (external sets,
+fold ensemble) -> manifests, for every dataset x architecture *unit* of a study file.
+
+==============  =========================  =====================================================================
+phase           module                     what it does
+==============  =========================  =====================================================================
+plan            :mod:`msb.study.units`      units, run configs, settings check (``spec.json``), locks
+search          :mod:`msb.study.search`     grid / Hyperband trials -> ``selected.json`` (skipped: no search)
+cross-val.      :mod:`msb.study.crossval`   ``folds.csv`` -> fold run folders, trained and evaluated (skipped: no
+                                            ``cross_validation``)
+final           :mod:`msb.study.final`      the final run (no folds) or fold re-evaluation + ensemble; manifests
+==============  =========================  =====================================================================
+
+A plain study (no ``search``, no ``cross_validation``) is the degenerate case: its final run is the run config's
+own run, trained and evaluated, and no optuna storage is opened. Every step is resumable: work items are optuna
+trials (:mod:`msb.study.coord`) in an RDB storage (SQLite ``runs/<study>/_study/optuna.db`` by default,
+``--storage URL`` to share a study between ``msb run --worker`` processes), run folders resume from their last
+finished epoch, evaluations and ensembles are skipped when their ``DONE`` marker matches, every file is written
+atomically. Run folders are trained and evaluated by :mod:`msb.engine.runner`, which knows nothing of studies.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from msb.data.prepare import ensure_dataset
+from msb.data.schema import PreparedDataset
+from msb.engine.runner import RunOutcome
+from msb.notify.study import notify_on_completion
+from msb.study import coord
+from msb.study.crossval import cross_validate, ensure_folds
+from msb.study.external import resolve_external
+from msb.study.final import final_single, finalize_folds, write_study_manifest
+from msb.study.search import run_search
+from msb.study.units import StudyContext, StudyUnit, check_spec, prepare_lock, study_units, write_state
+from msb.utils.progress import Logger, Tracker, no_log, no_track
+
+__all__ = ["run_study"]
+
+
+def _resolve_externals(u: StudyUnit, ds: PreparedDataset, log: Logger) -> None:
+    u.externals = []
+    for e in (u.spec.final.external if u.spec.final else []):
+        with coord.file_lock(u.root / "_study" / "locks" / "external.lock"):  # prepared on first use
+            u.externals.append(resolve_external(e, ds.classes, u.configs_root, u.study_file.parent,
+                                                str(u.study_file), log))
+
+
+def _open_storage(ctx: StudyContext, units: list[StudyUnit]) -> None:
+    if ctx.storage is None:
+        ctx.url = ctx.url or coord.default_storage_url(units[0].root)
+        ctx.storage = coord.open_storage(ctx.url, ctx.heartbeat_interval, ctx.grace_period)
+
+
+@notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
+def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = no_log,
+              run_root: str | None = None, worker: bool = False, storage: str | None = None,
+              heartbeat_interval: int = 30, grace_period: int = 120, poll_s: float = 2.0) -> list[RunOutcome]:
+    """Run (or resume, or join as a worker) every unit of a study file (module docstring).
+
+    Args:
+        study_path: the study YAML.
+        track, log: progress wrapper and line logger (the CLI passes rich ones).
+        run_root: overrides ``run_root`` of every run config.
+        worker: cooperate with other processes on the same storage (``msb run --worker``): never re-attach a
+            trial another process may own; wait for items others are running.
+        storage: optuna RDB URL (default: SQLite ``<run_root>/<study>/_study/optuna.db``); giving one (or
+            ``worker``) opens it even for a plain study.
+        heartbeat_interval, grace_period: seconds between heartbeats / before a silent trial is stale.
+        poll_s: seconds between checks while waiting for other processes.
+
+    Returns:
+        One :class:`RunOutcome` per evaluated run (fold runs and the ensemble, or the single final run).
+
+    Raises:
+        MSBError: config errors, a changed study spec, failed work items, unreachable storage, data errors.
+    """
+    units = study_units(study_path, run_root)
+    if not units:
+        return []
+    ctx = StudyContext(storage, not worker, heartbeat_interval, grace_period, poll_s, track, log)
+    if worker or storage is not None:
+        _open_storage(ctx, units)  # a bad URL fails before anything is written
+    outcomes: list[RunOutcome] = []
+    try:
+        for u in units:
+            u.state_dir.mkdir(parents=True, exist_ok=True)
+            with prepare_lock(u):
+                ds = ensure_dataset(u.cfg, log)
+            # checks that need the data come before anything is recorded or trained: external sets and their
+            # class maps, and whether the k folds can be drawn (k <= number of groups)
+            _resolve_externals(u, ds, log)
+            if u.spec.cross_validation is not None:
+                ensure_folds(u, ds, log)
+            if u.has_work_items:
+                check_spec(u)
+                _open_storage(ctx, units)
+            write_state(u, phase="search")
+            sel = run_search(u, ds, ctx)
+            if u.spec.cross_validation is None:
+                write_state(u, phase="final")
+                outcomes.append(final_single(u, sel, ds, ctx))
+                continue
+            write_state(u, phase="cv")
+            _, folds_sha = cross_validate(u, sel, ds, ctx)
+            write_state(u, phase="final")
+            outcomes += finalize_folds(u, sel, ds, ctx, folds_sha)
+        write_study_manifest(units, ctx.url)
+    finally:
+        if ctx.storage is not None:
+            coord.close_storage(ctx.storage)
+    return outcomes
