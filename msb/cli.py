@@ -6,42 +6,15 @@ A user error (:class:`msb.errors.MSBError`: bad config, bad data, missing file) 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, TypeVar
+from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from msb.cli_common import app, console, err_console, log, state as _state, track
 from msb.errors import MSBError
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="MedSegBenchmarker: configuration-driven, raw-count-first segmentation benchmarks.")
-data_app = typer.Typer(no_args_is_help=True, help="Prepare, synthesise and validate datasets.")
-app.add_typer(data_app, name="data")
-
-console = Console()
-err_console = Console(stderr=True)
-_state = {"debug": False}
-T = TypeVar("T")
-
-
-def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    """Rich progress bar over ``it`` (transient; disabled when stdout is not a terminal)."""
-    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
-                  disable=not console.is_terminal) as progress:
-        yield from progress.track(it, total=total, description=desc)
-
-
-def log(msg: str) -> None:
-    """One status line."""
-    console.print(msg, highlight=False, markup=False)
 
 
 @app.callback()
@@ -311,109 +284,7 @@ def list_models() -> None:
         console.print(name)
 
 
-# ------------------------------------------------------------------------------------------------ data
-@data_app.command("prepare")
-def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | pranet | cvc-clinicdb | "
-                                                      "isic2018-task1 | busi | bkai-igh-neopolyp | folder | synthetic."),
-                 source: Optional[str] = typer.Option(None, help="Raw dataset folder, .zip/.tar archive or http(s) "
-                                                                 "URL of one (downloaded to a temporary file)."),
-                 out: Optional[Path] = typer.Option(None, help="Output folder (default datasets/<name>)."),
-                 limit: Optional[int] = typer.Option(None, help="Convert only the first N samples (tests)."),
-                 overwrite: bool = typer.Option(False, help="Replace an existing prepared dataset."),
-                 option: Optional[List[str]] = typer.Option(None, help="Converter option KEY=VALUE (YAML value), "
-                                                                       "repeatable, e.g. --option val_fraction=0.")
-                 ) -> None:
-    """Convert a raw dataset into the prepared layout (index.csv + classes.csv)."""
-    import yaml
-
-    from msb.data.converters.fetch import prepare_from_source
-
-    out = out or Path("datasets") / name.replace("-", "_")
-    opts = {"overwrite": overwrite}
-    if limit is not None:
-        opts["limit"] = limit
-    for item in option or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise MSBError(f"--option {item!r}: expected KEY=VALUE, e.g. --option threshold=127.")
-        opts[key.strip()] = yaml.safe_load(value)
-    report = prepare_from_source(name, source, out, **opts)
-    log(report.summary())
-
-
-@data_app.command("synth")
-def data_synth(out: Path = typer.Option(Path("datasets/synthetic"), help="Output folder."),
-               n: int = typer.Option(120, help="Number of images."),
-               seed: int = typer.Option(0, help="Random seed."),
-               overwrite: bool = typer.Option(False, help="Replace an existing dataset at --out.")) -> None:
-    """Write the small deterministic synthetic dataset (no download needed)."""
-    from msb.data.synth import make_synthetic_dataset
-
-    if n < 1:
-        raise MSBError(f"--n must be a positive number of images, got {n}")
-    log(make_synthetic_dataset(out, n_samples=n, seed=seed, overwrite=overwrite).summary())
-
-
-@data_app.command("validate")
-def data_validate(root: Path = typer.Argument(..., help="Prepared dataset folder.")) -> None:
-    """Validate a prepared dataset fully (files, sizes, every mask value against classes.csv)."""
-    from msb.data.schema import load_prepared_dataset, mask_to_onehot, read_mask
-
-    ds = load_prepared_dataset(root)
-    for sid in track(list(ds.index["sample_id"]), "checking masks", len(ds.index)):
-        mask_to_onehot(read_mask(ds.mask_path(sid)), ds.classes, ds.mask_path(sid))
-    log(f"{root}: {len(ds.index)} samples, {len(ds.foreground_classes)} foreground class(es): OK")
-
-
-# ----------------------------------------------------------------------------------------------- audit
-@app.command()
-def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
-          against: Optional[Path] = typer.Option(None, help="Second prepared dataset: audit across the two."),
-          out: Optional[Path] = typer.Option(None, help="Audit folder (default <dataset>/audit[_vs_<other>])."),
-          hamming_k: int = typer.Option(8, help="Candidate pair: pHash or dHash Hamming distance <= k (of 64 bits)."),
-          screens: bool = typer.Option(True, help="Pixel screens (NCC, SSIM) on candidate pairs."),
-          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
-          ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
-          ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
-          split_file: Optional[Path] = typer.Option(None, help="sample_id,split CSV (e.g. a run's split.csv) "
-                                                               "instead of index.csv's split column."),
-          workers: int = typer.Option(1, help="Hashing processes / search threads."),
-          max_sheet_pairs: int = typer.Option(300, help="Pairs shown on the HTML contact sheet."),
-          apply: Optional[Path] = typer.Option(None, help="DECISIONS.csv (sample_id,action,reason,target): write a "
-                                                          "curated index.csv; no audit is run unless "
-                                                          "--apply-clusters."),
-          apply_clusters: bool = typer.Option(False, help="Audit, then write a curated dataset whose groups merge "
-                                                          "every near-duplicate cluster."),
-          curated_out: Optional[Path] = typer.Option(None, help="Curated dataset folder (default "
-                                                                "<parent>/<name>_curated)."),
-          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder.")) -> None:
-    """Duplicate and leakage audit: identical bytes, pHash/dHash near-duplicates, cross-split census, reports."""
-    from msb.audit.core import AuditConfig
-    from msb.audit.pipeline import audit_dataset
-
-    cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
-                      ssim_min=ssim_min, workers=workers)
-    res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
-                        apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
-                        max_sheet_pairs=max_sheet_pairs, progress=track)
-    if res.result is not None:
-        from msb.audit.census import summary_table
-
-        r = res.result
-        summ = summary_table(r.census)
-        table = Table(title=f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
-                            f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
-        for col in summ.columns:
-            table.add_column(col, justify="left" if col == "relation" else "right")
-        for row in summ.itertuples(index=False):
-            table.add_row(*[str(v) for v in row])
-        console.print(table)
-        if r.params["n_unassigned_rows"]:
-            log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
-                f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
-        log(f"audit written to {res.written[0].parent} ({', '.join(p.name for p in res.written)})")
-    if res.curation is not None:
-        log(res.curation.summary())
+import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:

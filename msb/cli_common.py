@@ -1,0 +1,37 @@
+"""What every ``msb`` command shares: the typer apps, the rich consoles, the progress wrapper and line logger."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+__all__ = ["app", "data_app", "console", "err_console", "state", "track", "log"]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="MedSegBenchmarker: configuration-driven, raw-count-first segmentation benchmarks.")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare, synthesise and validate datasets.")
+app.add_typer(data_app, name="data")
+
+console = Console()
+err_console = Console(stderr=True)
+state = {"debug": False}
+T = TypeVar("T")
+
+
+def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
+    """Rich progress bar over ``it`` (transient; disabled when stdout is not a terminal)."""
+    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
+        yield from progress.track(it, total=total, description=desc)
+
+
+def log(msg: str) -> None:
+    """One status line."""
+    console.print(msg, highlight=False, markup=False)
