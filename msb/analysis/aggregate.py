@@ -1,17 +1,9 @@
 """Scores from raw counts: Dice, IoU, precision and recall under three aggregation rules.
 
 Everything here is a pure function of a counts table (``docs/counts_schema.md``); nothing reads
-predictions or models. Per-unit scores (MONAI-style ``compute_*`` functions, vectorised):
-
-* Dice (Dice 1945; Sørensen 1948): ``2 TP / (2 TP + FP + FN)``
-* IoU (Jaccard 1912): ``TP / (TP + FP + FN)``
-* precision: ``TP / (TP + FP)``
-* recall (sensitivity): ``TP / (TP + FN)``
-
-A score whose denominator is 0 is *undefined* and returned as NaN (e.g. Dice and IoU of an image
-where both reference and prediction are empty, precision of an empty prediction, recall of an empty
-reference). Undefined units are never replaced by 0 or 1: they are excluded from means and counted
-(``n_excluded``).
+predictions or models. Per-unit scores (Dice, IoU, precision, recall; NaN where the denominator is 0) come
+from :mod:`msb.analysis.count_scores`, whose functions are re-exported here. Undefined units are never
+replaced by 0 or 1: they are excluded from means and counted (``n_excluded``).
 
 Aggregation rules (named as in segmentation_models_pytorch ``metrics.functional`` reductions):
 
@@ -38,6 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.table import Table
 
+from msb.analysis.count_scores import (ALL_METRICS, dice_from_counts, iou_from_counts, precision_from_counts,
+                                       ratio_or_nan, recall_from_counts, score_from_counts)
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path
 
@@ -50,8 +44,6 @@ __all__ = [
 
 #: Aggregation rules, in output order.
 ALL_RULES: tuple[str, ...] = ("global-micro", "image-macro", "class-macro")
-#: Metrics, in output order.
-ALL_METRICS: tuple[str, ...] = ("dice", "iou", "precision", "recall")
 #: Default grouping of :func:`reaggregate`: one group per evaluated run x checkpoint role.
 DEFAULT_GROUP: tuple[str, ...] = ("dataset", "split", "model", "run_id", "checkpoint_role", "fold")
 #: Grouping that pools every run (e.g. all folds) of a model on a dataset split.
@@ -66,82 +58,6 @@ SCORE_COLUMNS: tuple[str, ...] = ("aggregation", "metric", "value", "n_images", 
                                   "n_units", "n_excluded")
 
 _METRIC_LABELS = {"dice": "Dice", "iou": "IoU", "precision": "Precision", "recall": "Recall"}
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    num = np.asarray(num, dtype=np.float64)
-    den = np.asarray(den, dtype=np.float64)
-    num, den = np.broadcast_arrays(num, den)
-    out = np.full(num.shape, np.nan, dtype=np.float64)
-    np.divide(num, den, out=out, where=den != 0)
-    return out
-
-
-def dice_from_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Dice similarity coefficient ``2 TP / (2 TP + FP + FN)`` (Dice 1945; Sørensen 1948).
-
-    Args:
-        tp, fp, fn: pixel counts, any broadcastable shape, integer or float.
-
-    Returns:
-        ``float64`` array of the broadcast shape, in [0, 1]; NaN where ``2 TP + FP + FN == 0``
-        (empty reference and empty prediction: undefined).
-    """
-    tp = np.asarray(tp, dtype=np.float64)
-    return _ratio(2.0 * tp, 2.0 * tp + np.asarray(fp, dtype=np.float64) + np.asarray(fn, dtype=np.float64))
-
-
-def iou_from_counts(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Intersection over union (Jaccard index, Jaccard 1912) ``TP / (TP + FP + FN)``.
-
-    Args:
-        tp, fp, fn: pixel counts, any broadcastable shape.
-
-    Returns:
-        ``float64`` array in [0, 1]; NaN where ``TP + FP + FN == 0`` (undefined).
-    """
-    tp = np.asarray(tp, dtype=np.float64)
-    return _ratio(tp, tp + np.asarray(fp, dtype=np.float64) + np.asarray(fn, dtype=np.float64))
-
-
-def precision_from_counts(tp: np.ndarray, fp: np.ndarray) -> np.ndarray:
-    """Precision (positive predictive value) ``TP / (TP + FP)``.
-
-    Args:
-        tp, fp: pixel counts, any broadcastable shape.
-
-    Returns:
-        ``float64`` array in [0, 1]; NaN where ``TP + FP == 0`` (empty prediction: undefined).
-    """
-    tp = np.asarray(tp, dtype=np.float64)
-    return _ratio(tp, tp + np.asarray(fp, dtype=np.float64))
-
-
-def recall_from_counts(tp: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Recall (sensitivity, true positive rate) ``TP / (TP + FN)``.
-
-    Args:
-        tp, fn: pixel counts, any broadcastable shape.
-
-    Returns:
-        ``float64`` array in [0, 1]; NaN where ``TP + FN == 0`` (empty reference: undefined).
-    """
-    tp = np.asarray(tp, dtype=np.float64)
-    return _ratio(tp, tp + np.asarray(fn, dtype=np.float64))
-
-
-def score_from_counts(metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
-    """Per-unit ``metric`` (dice, iou, precision, recall) from counts of any broadcastable shape; NaN where
-    undefined. Raises :class:`MSBError` for an unknown metric."""
-    if metric == "dice":
-        return dice_from_counts(tp, fp, fn)
-    if metric == "iou":
-        return iou_from_counts(tp, fp, fn)
-    if metric == "precision":
-        return precision_from_counts(tp, fp)
-    if metric == "recall":
-        return recall_from_counts(tp, fn)
-    raise MSBError(f"unknown metric {metric!r}; choose from {list(ALL_METRICS)}")
 
 
 @dataclass(frozen=True)
@@ -226,7 +142,7 @@ def _aggregate_arrays(rule: str, metric: str, tp: np.ndarray, fp: np.ndarray, fn
         defined = ~np.isnan(scores)
         sums = np.bincount(class_codes[defined], weights=scores[defined], minlength=n_classes)
         counts = np.bincount(class_codes[defined], minlength=n_classes)
-        class_means = _ratio(sums, counts)
+        class_means = ratio_or_nan(sums, counts)
         ok = ~np.isnan(class_means)
         value = float(class_means[ok].mean()) if ok.any() else float("nan")
         return value, int(len(scores)), int((~defined).sum())

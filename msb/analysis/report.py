@@ -14,6 +14,10 @@ the dataset images are used, when found, only as overlay backgrounds. Sections (
 ``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid
 ``checklist``     the reporting checklist (:func:`msb.analysis.contract.reporting_checklist`)
 
+The HTML is rendered from the package template ``msb/analysis/templates/report.html.j2`` (jinja2, autoescape)
+by :class:`msb.analysis.report_doc.ReportDoc`; the analyses per comparison block are in
+:mod:`msb.analysis.report_data`.
+
 Output folder (default ``STUDY_DIR/report``): ``report.html`` (figures embedded as base64 PNG),
 ``report.md`` (figures linked), ``figures/*.png|svg``, ``tables/*.tex|md``, ``data/*.csv``. The folder is
 built beside the target and swapped in only when complete: an error leaves the previous report untouched
@@ -22,8 +26,6 @@ and no partial folder.
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 import shutil
 import tempfile
@@ -31,24 +33,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from msb.analysis.aggregate import ALL_METRICS
-from msb.analysis.bootstrap import DEFAULT_LEVEL, DEFAULT_N_BOOT, bootstrap_rules
+from msb.analysis.bootstrap import DEFAULT_LEVEL, DEFAULT_N_BOOT
+from msb.analysis.compare import paired_differences_table, paired_tests
 from msb.analysis.contract import (ChecklistItem, RunInfo, contract_table, find_counts_files, find_run_dirs,
-                                   read_run, reporting_checklist, resolve_data_root)
+                                   read_run, reporting_checklist)
 from msb.analysis.counts_io import read_counts_with_report
-from msb.analysis.figures import (dice_vs_hd95, overlay_grid, overlay_rgb, paired_differences, ranking_changes,
-                                  save_figure, score_distributions)
+from msb.analysis.figures import dice_vs_hd95, paired_differences, ranking_changes, score_distributions
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
-from msb.analysis.rules import (BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS, ImageTable, aggregate_rules,
-                                foldwise_summary, unit_scores)
-from msb.analysis.compare import paired_differences_table, paired_tests
+from msb.analysis.report_data import analyse_blocks, overlay_figure, system_scores
+from msb.analysis.report_doc import ReportDoc
+from msb.analysis.rules import BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS, foldwise_summary, unit_scores
 from msb.analysis.significance import friedman_test
-from msb.analysis.systems import System, align_tables, comparison_blocks, find_systems
-from msb.analysis.tables import CITable, frame_to_markdown, scores_ci_table, to_html, to_latex, to_markdown
+from msb.analysis.systems import System, comparison_blocks, find_systems
+from msb.analysis.tables import scores_ci_table
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text, current_umask, replace_dir
 
@@ -60,16 +61,11 @@ SECTION_IDS: tuple[str, ...] = ("contract", "scores", "boundary", "significance"
 #: Figure ids (``fig-<id>`` in the HTML, ``figures/<id>[-<block>].png|svg`` on disk).
 FIGURE_IDS: tuple[str, ...] = ("score-distributions", "paired-differences", "ranking-changes", "dice-vs-hd95",
                                "overlays")
-_BOUNDARY_PREFIXES = ("hd95", "assd", "nsd_tau")
 _FIGURE_METRICS = ("dice", "hd95")
 _TITLES = {"contract": "Benchmark contract", "scores": "Scores by aggregation rule",
            "boundary": "Boundary metrics", "significance": "Significance and paired differences",
            "ranking": "Ranking sensitivity", "populations": "Evaluation populations", "folds": "Fold-wise summary",
            "figures": "Figures", "checklist": "Reporting checklist"}
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:0.6em 0;font-size:0.85em}td,th{border:1px solid #ccc;padding:2px 6px}
-caption{caption-side:top;font-style:italic;text-align:left}figure{margin:1em 0}img{max-width:100%}
-.pass{color:#060;font-weight:bold}.fail{color:#a00;font-weight:bold}.note{color:#555;font-size:0.9em}"""
 
 
 @dataclass(frozen=True)
@@ -86,214 +82,12 @@ class ReportResult:
     notes: tuple[str, ...] = field(default=())
 
 
-# ------------------------------------------------------------------------------------------ document
-class _Doc:
-    """Collects HTML and Markdown side by side."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.html: list[str] = []
-        self.md: list[str] = []
-        self.figures: list[Path] = []
-        self.tables: list[Path] = []
-
-    def section(self, sid: str) -> None:
-        self.html.append(f'</section>\n<section id="{sid}">\n<h2>{html.escape(_TITLES[sid])}</h2>')
-        self.md.append(f"\n## {_TITLES[sid]}\n")
-
-    def sub(self, text: str) -> None:
-        self.html.append(f"<h3>{html.escape(text)}</h3>")
-        self.md.append(f"\n### {text}\n")
-
-    def text(self, text: str, cls: str = "") -> None:
-        c = f' class="{cls}"' if cls else ""
-        self.html.append(f"<p{c}>{html.escape(text)}</p>")
-        self.md.append(("*" + text + "*" if cls == "note" else text) + "\n")
-
-    def frame(self, df: pd.DataFrame, caption: str = "", index: bool = False, digits: int = 4,
-              name: str | None = None, p_values: bool = False) -> None:
-        shown = _fmt_frame(df, digits, p_values)
-        sty = shown.style.format(escape="html").format_index(escape="html", axis=1)
-        if not index:
-            sty = sty.hide(axis="index")
-        if caption:
-            sty = sty.set_caption(html.escape(caption))
-        self.html.append(sty.to_html())
-        self.md.append((f"*{caption}*\n\n" if caption else "") + frame_to_markdown(shown, index=index))
-        if name:
-            p = self.out / "data" / f"{name}.csv"
-            atomic_write_text(p, df.to_csv(index=index))
-            self.tables.append(p)
-
-    def ci_table(self, t: CITable, name: str) -> None:
-        self.html.append(to_html(t))
-        md = to_markdown(t)
-        self.md.append(md)
-        for suffix, text in ((".tex", to_latex(t, label=f"tab:{name}")), (".md", md)):
-            p = self.out / "tables" / f"{name}{suffix}"
-            atomic_write_text(p, text)
-            self.tables.append(p)
-
-    def figure(self, fid: str, name: str, fig, caption: str) -> None:
-        png, svg = save_figure(fig, self.out / "figures" / name)
-        self.figures.extend([png, svg])
-        data = base64.b64encode(png.read_bytes()).decode("ascii")
-        self.html.append(f'<figure id="fig-{name}" class="fig-{fid}"><img alt="{html.escape(caption)}" '
-                         f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}</figcaption></figure>')
-        self.md.append(f"![{caption}](figures/{png.name})\n\n*{caption}* ([SVG](figures/{svg.name}))\n")
-
-    def missing_figure(self, fid: str, name: str, reason: str) -> None:
-        self.html.append(f'<figure id="fig-{name}" class="fig-{fid} missing"><figcaption>not applicable: '
-                         f'{html.escape(reason)}</figcaption></figure>')
-        self.md.append(f"*Figure {name}: not applicable: {reason}*\n")
-
-
-def _fmt_frame(df: pd.DataFrame, digits: int, p_values: bool = False) -> pd.DataFrame:
-    """Cells as text: floats with ``digits`` decimals; p-value columns (``p_*``, or all with ``p_values``) with
-    ``digits`` significant digits so that small p-values stay visible."""
-    out = df.copy()
-    for c in out.columns:
-        if out[c].dtype.kind == "f":
-            sig = p_values or str(c).startswith("p_")
-            out[c] = [("n/a" if not np.isfinite(v) else (f"{v:.{digits}g}" if sig else f"{v:.{digits}f}"))
-                      for v in out[c]]
-        else:
-            out[c] = out[c].astype(str)
-    return out
-
-
-# ------------------------------------------------------------------------------------------ analysis
-def system_scores(systems: Sequence[System], tables: dict[str, ImageTable], rules: Sequence[str],
-                  metrics: Sequence[str], n_boot: int, level: float, seed: int) -> pd.DataFrame:
-    """Tidy scores of several systems with bootstrap CIs.
-
-    Args:
-        systems: the systems (one comparison block); tables: label -> their :class:`ImageTable`.
-        rules, metrics: as :func:`msb.analysis.rules.aggregate_rules`.
-        n_boot: replicates (0 = no CI); level, seed: CI level, seed.
-
-    Returns:
-        ``system, aggregation, metric, value, n_images, n_classes, n_units, n_excluded, ci_low, ci_high,
-        ci_level, n_boot``.
-    """
-    parts = []
-    for s in systems:
-        t = aggregate_rules(s.rows, [], rules, metrics)
-        t.insert(0, "system", s.label)
-        if n_boot > 0:
-            res = bootstrap_rules(tables[s.label], list(zip(t["aggregation"], t["metric"])), n_boot, level, seed)
-            t["ci_low"] = [res[(a, m)].low for a, m in zip(t["aggregation"], t["metric"])]
-            t["ci_high"] = [res[(a, m)].high for a, m in zip(t["aggregation"], t["metric"])]
-        else:
-            t["ci_low"] = np.nan
-            t["ci_high"] = np.nan
-        t["ci_level"] = level if n_boot > 0 else np.nan
-        t["n_boot"] = n_boot
-        parts.append(t)
-    return pd.concat(parts, ignore_index=True)
-
-
-def _boundary_scores(systems: Sequence[System], tables: dict[str, ImageTable], n_boot: int, level: float,
-                     seed: int) -> pd.DataFrame:
-    rows = []
-    for s in systems:
-        t = tables[s.label]
-        cols = [c for c in t.extra if c.startswith(_BOUNDARY_PREFIXES)]
-        res = bootstrap_rules(t, [("image-macro", c) for c in cols], max(n_boot, 1), level, seed) if cols else {}
-        for c in cols:
-            r = res[("image-macro", c)]
-            vals = t.extra[c]
-            rows.append({"system": s.label, "aggregation": "image-macro", "metric": c, "value": r.estimate,
-                         "median": float(np.nanmedian(vals)) if np.isfinite(vals).any() else np.nan,
-                         "n_images": t.n_images, "n_excluded": int(np.isnan(vals).sum()),
-                         "ci_low": r.low if n_boot > 0 else np.nan, "ci_high": r.high if n_boot > 0 else np.nan,
-                         "ci_level": level if n_boot > 0 else np.nan})
-    return pd.DataFrame(rows)
-
-
-def _pick_overlay_images(aligned: dict[str, ImageTable], k: int) -> list[int]:
-    labels = list(aligned)
-    d = [unit_scores(aligned[lab], "dice", "image") for lab in labels]
-    if len(d) >= 2:
-        key = -np.nan_to_num(np.abs(d[0] - d[1]), nan=-1.0)
-    else:
-        key = np.nan_to_num(d[0], nan=2.0)
-    ids = aligned[labels[0]].keys["image_id"].astype(str).to_numpy()
-    order = np.lexsort((ids, key))
-    return [int(i) for i in order[:k]]
-
-
-def _data_run(run_id: str, dataset: str, runs: dict[str, RunInfo]) -> RunInfo | None:
-    """The run whose config locates the dataset images: the run itself, else any run trained on ``dataset``."""
-    if run_id in runs:
-        return runs[run_id]
-    for r in runs.values():
-        if str((r.config.get("data") or {}).get("name", "")) == dataset:
-            return r
-    return None
-
-
-def _overlays(aligned: dict[str, ImageTable], systems: dict[str, System], runs: dict[str, RunInfo],
-              eval_dirs: dict[tuple[str, str], Path], k: int, notes: list[str]):
-    positions = _pick_overlay_images(aligned, k)
-    labels = list(aligned)
-    first = aligned[labels[0]]
-    cls_name = first.class_names[0]
-    datasets: dict[str, object] = {}
-    grey_reason = None
-    cells, row_labels, missing = [], [], []
-    for i in positions:
-        image_id = str(first.keys["image_id"].iloc[i])
-        dataset = str(first.keys["dataset"].iloc[i])
-        row_labels.append(image_id)
-        row = []
-        background = None
-        for lab in labels:
-            t = aligned[lab]
-            run_id = str(t.keys["run_id"].iloc[i])
-            role = systems[lab].checkpoint_role
-            ev = eval_dirs.get((run_id, role))
-            npz = (ev / "predictions" / f"{image_id}.npz") if ev is not None else None
-            if npz is None or not npz.is_file():
-                missing.append(f"{image_id} of run {run_id} ({role})")
-                row.append(np.full((32, 32, 3), 128, dtype=np.uint8))
-                continue
-            with np.load(npz) as z:
-                pred, ref = z["pred"][0].astype(bool), z["ref"][0].astype(bool)
-            run = _data_run(run_id, dataset, runs)
-            if background is None and grey_reason is None:
-                root = resolve_data_root(run) if run is not None else None
-                if root is None:
-                    grey_reason = "dataset images not found (data.root of the run config absent): grey background"
-                else:
-                    try:
-                        from msb.data.schema import load_prepared_dataset
-
-                        if str(root) not in datasets:
-                            datasets[str(root)] = load_prepared_dataset(root, check_files=False)
-                        background = datasets[str(root)].load_image(image_id)  # type: ignore[attr-defined]
-                        if background.shape[:2] != pred.shape:
-                            grey_reason = (f"image size {background.shape[:2]} differs from the stored prediction "
-                                           f"{pred.shape}: grey background")
-                            background = None
-                    except MSBError as e:
-                        grey_reason = f"dataset image not readable ({e}): grey background"
-                        background = None
-            row.append(overlay_rgb(pred, ref, background))
-        cells.append(row)
-    if missing:
-        notes.append(f"overlay grid: no stored prediction for {len(missing)} cell(s) (first: {missing[0]}); "
-                     f"those cells are left grey")
-    if len(missing) == len(positions) * len(labels):
-        return None, positions, "no stored predictions (evaluation/<role>/predictions/*.npz)"
-    if grey_reason:
-        notes.append(f"overlay grid: {grey_reason}")
-    title = f"class '{cls_name}'" + (f"; {grey_reason}" if grey_reason else "")
-    return overlay_grid(row_labels, labels, cells, title=title), positions, grey_reason
-
-
 def _block_suffix(key: tuple[str, str], n_blocks: int) -> str:
     return "" if n_blocks == 1 else f"-{key[0]}-{key[1]}"
+
+
+def _section(doc: ReportDoc, sid: str) -> None:
+    doc.section(sid, _TITLES[sid])
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -361,13 +155,13 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the report folder gets normal permissions
     try:
-        doc = _Doc(tmp)
+        doc = ReportDoc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
                         n_boot, level, seed, rules, metrics, max_overlays, notes)
         html_text, md_text = result
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
-        checklist = doc.checklist  # type: ignore[attr-defined]
+        checklist = doc.checklist
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -377,7 +171,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
                         rel(doc.tables), tuple(checklist), tuple(dict.fromkeys(notes)))
 
 
-def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict[tuple[str, str], Path],
+def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict[tuple[str, str], Path],
            counts: pd.DataFrame,
            metrics_df: pd.DataFrame | None, blocks: dict[tuple[str, str], list[System]],
            labels_by_run: dict[str, str], populations: Sequence[Population], n_boot: int, level: float,
@@ -385,36 +179,13 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
            notes: list[str]) -> tuple[str, str]:
     study = study_dir.resolve().name
     n_blocks = len(blocks)
-    all_scores, n_tests, n_systems_max = [], 0, 0
-    block_data = {}
     # ---------------- per-block analysis (figures are drawn in the figures section)
-    for key, systems in blocks.items():
-        tables: dict[str, ImageTable] = {}
-        for s in systems:
-            t = s.table()
-            if metrics_df is not None:
-                m = metrics_df[metrics_df["run_id"].astype(str).isin(s.run_ids)
-                               & (metrics_df["checkpoint_role"].astype(str) == s.checkpoint_role)]
-                if len(m):
-                    cols = [c for c in m.columns if c.startswith(_BOUNDARY_PREFIXES) and m[c].dtype.kind == "f"
-                            and not c.startswith(("hd95_", "asd_"))]
-                    t = t.with_metrics(m, cols)
-            tables[s.label] = t
-        scores = system_scores(systems, tables, rules, metrics, n_boot, level, seed)
-        boundary = _boundary_scores(systems, tables, n_boot, level, seed)
-        all_scores.append(scores.assign(dataset=key[0], split=key[1]))
-        n_systems_max = max(n_systems_max, len(systems))
-        aligned = align_tables(tables, "intersect") if len(tables) > 1 else dict(tables)
-        lost = {lab: tables[lab].n_images - aligned[lab].n_images for lab in tables}
-        if any(lost.values()):
-            notes.append(f"{key[0]}/{key[1]}: paired analyses use the {aligned[next(iter(aligned))].n_images} "
-                         f"images common to all systems (dropped per system: {lost})")
-        block_data[key] = dict(systems=systems, tables=tables, aligned=aligned, scores=scores, boundary=boundary)
+    block_data = analyse_blocks(blocks, metrics_df, rules, metrics, n_boot, level, seed, notes)
+    all_scores = [b.scores.assign(dataset=key[0], split=key[1]) for key, b in block_data.items()]
+    n_systems_max = max((len(b.systems) for b in block_data.values()), default=0)
+    n_tests = 0
 
     # ---------------- header
-    doc.html.append(f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>msb report: "
-                    f"{html.escape(study)}</title><style>{_CSS}</style></head><body>\n"
-                    f"<h1>Benchmark report: {html.escape(study)}</h1>\n<section id=\"intro\">")
     doc.md.append(f"# Benchmark report: {study}\n")
     n_img = counts.drop_duplicates(["dataset", "split", "image_id"]).shape[0]
     doc.text(f"Study folder {study_dir}; {len(runs)} run(s); {sum(len(v) for v in blocks.values())} system(s); "
@@ -422,7 +193,7 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
              f"metrics tables and predictions (no model was run).")
 
     # ---------------- contract
-    doc.section("contract")
+    _section(doc, "contract")
     agg_rows = [(r, RULE_QUESTIONS.get(r, "")) for r in rules]
     extra = {
         "Evaluated data (from counts)": [
@@ -453,29 +224,29 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
         doc.text("Missing run files: " + "; ".join(problems), "note")
 
     # ---------------- scores
-    doc.section("scores")
+    _section(doc, "scores")
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
-        doc.text(f"{len(b['systems'])} system(s) on {key[0]}/{key[1]}: "
-                 + "; ".join(f"{s.label} = runs {list(s.run_ids)} ({s.checkpoint_role})" for s in b["systems"]))
+        doc.text(f"{len(b.systems)} system(s) on {key[0]}/{key[1]}: "
+                 + "; ".join(f"{s.label} = runs {list(s.run_ids)} ({s.checkpoint_role})" for s in b.systems))
         for m in metrics:
-            doc.ci_table(scores_ci_table(b["scores"], m), f"scores-{m}{sfx}")
-        excl = b["scores"][b["scores"]["n_excluded"] > 0]
+            doc.ci_table(scores_ci_table(b.scores, m), f"scores-{m}{sfx}")
+        excl = b.scores[b.scores["n_excluded"] > 0]
         if len(excl):
             doc.text("Undefined units excluded: " + "; ".join(
                 f"{r.system} {r.aggregation}/{r.metric}: {r.n_excluded} of {r.n_units}" for r in excl.itertuples()),
                 "note")
-        doc.frame(b["scores"], name=f"scores{sfx}", caption="All scores (tidy)")
+        doc.frame(b.scores, name=f"scores{sfx}", caption="All scores (tidy)")
 
     # ---------------- boundary
-    doc.section("boundary")
+    _section(doc, "boundary")
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
-        bd = b["boundary"]
+        bd = b.boundary
         if bd.empty:
             doc.text("not available: no metrics.parquet beside the counts (run `msb metrics RUN_DIR`)", "note")
             continue
@@ -488,13 +259,13 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
         doc.frame(bd, name=f"boundary{sfx}")
 
     # ---------------- significance
-    doc.section("significance")
+    _section(doc, "significance")
     diff_cache = {}
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
-        aligned = b["aligned"]
+        aligned = b.aligned
         labels = list(aligned)
         if len(labels) < 2:
             doc.text("not applicable: only one system in this block, nothing to compare", "note")
@@ -529,18 +300,18 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
                      "covers two)", "note")
 
     # ---------------- ranking
-    doc.section("ranking")
+    _section(doc, "ranking")
     rank_cache = {}
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
-        sc = b["scores"][["system", "aggregation", "metric", "value"]]
-        if not b["boundary"].empty:
-            sc = pd.concat([sc, b["boundary"][["system", "aggregation", "metric", "value"]]], ignore_index=True)
+        sc = b.scores[["system", "aggregation", "metric", "value"]]
+        if not b.boundary.empty:
+            sc = pd.concat([sc, b.boundary[["system", "aggregation", "metric", "value"]]], ignore_index=True)
         ranks = rank_table(sc)
         rank_cache[key] = ranks
-        if len(b["systems"]) < 2:
+        if len(b.systems) < 2:
             doc.text("not applicable: only one system, every ranking is trivial", "note")
             continue
         sens = ranking_sensitivity(sc)
@@ -550,18 +321,18 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
         doc.text(("The winner changes under: " + ", ".join(f"{r.aggregation}/{r.metric} ({r.winner})"
                                                           for r in changed.itertuples()))
                  if len(changed) else "The winner is the same under every rule and metric.")
-        if len(b["systems"]) >= 3:
+        if len(b.systems) >= 3:
             main = sc[sc["metric"].isin(_FIGURE_METRICS)]
             doc.frame(ranking_correlations(main).reset_index(names="ranking"),
                       caption="Spearman rho between the Dice / HD95 rankings of the rules",
                       name=f"ranking-correlations{sfx}", digits=3)
 
     # ---------------- populations
-    doc.section("populations")
+    _section(doc, "populations")
     any_pop = False
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
-        rows = pd.concat([s.rows.assign(system=s.label) for s in b["systems"]], ignore_index=True)
+        rows = pd.concat([s.rows.assign(system=s.label) for s in b.systems], ignore_index=True)
         pops = list(populations)
         sources = sorted(set(rows["source"].astype(str)))
         if len(sources) > 1:
@@ -585,10 +356,10 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
         doc.text("no population matched any image", "note")
 
     # ---------------- folds
-    doc.section("folds")
+    _section(doc, "folds")
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
-        rows = pd.concat([s.rows.assign(system=s.label) for s in b["systems"]], ignore_index=True)
+        rows = pd.concat([s.rows.assign(system=s.label) for s in b.systems], ignore_index=True)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
         if not (rows["fold"] >= 0).any():
@@ -599,13 +370,13 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
                   name=f"folds{sfx}")
 
     # ---------------- figures
-    doc.section("figures")
+    _section(doc, "figures")
     for key, b in block_data.items():
         sfx = _block_suffix(key, n_blocks)
         if n_blocks > 1:
             doc.sub(f"{key[0]} / {key[1]}")
-        aligned, scores = b["aligned"], b["scores"]
-        per_img = {lab: unit_scores(b["tables"][lab], "dice", "image") for lab in b["tables"]}
+        aligned, scores = b.aligned, b.scores
+        per_img = {lab: unit_scores(b.tables[lab], "dice", "image") for lab in b.tables}
         est = {}
         for r in scores[(scores["aggregation"] == "image-macro") & (scores["metric"] == "dice")].itertuples():
             est[r.system] = (r.value, r.ci_low, r.ci_high)
@@ -623,14 +394,14 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
         rk = rank_cache[key]
         doc.figure("ranking-changes", f"ranking-changes{sfx}", ranking_changes(rk[rk["metric"].isin(_FIGURE_METRICS)]),
                    "Rank of each system under every aggregation rule for Dice (and HD95, image-macro)")
-        pts = {lab: (per_img[lab], unit_scores(t, "hd95", "image")) for lab, t in b["tables"].items()
+        pts = {lab: (per_img[lab], unit_scores(t, "hd95", "image")) for lab, t in b.tables.items()
                if "hd95" in t.extra}
         if pts:
             doc.figure("dice-vs-hd95", f"dice-vs-hd95{sfx}", dice_vs_hd95(pts),
                        "Per-image Dice vs HD95 (HD95 in spacing units; misses carry the diagonal penalty)")
         else:
             doc.missing_figure("dice-vs-hd95", f"dice-vs-hd95{sfx}", "no metrics.parquet with hd95")
-        fig, _, grey = _overlays(aligned, {s.label: s for s in b["systems"]}, runs, eval_dirs, max_overlays, notes)
+        fig, _, grey = overlay_figure(aligned, {s.label: s for s in b.systems}, runs, eval_dirs, max_overlays, notes)
         if fig is None:
             doc.missing_figure("overlays", f"overlays{sfx}", grey or "no stored predictions")
         else:
@@ -639,22 +410,13 @@ def _write(doc: _Doc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict
                        "FN blue)" + (f"; {grey}" if grey else ""))
 
     # ---------------- checklist
-    doc.section("checklist")
+    _section(doc, "checklist")
     scores_all = pd.concat(all_scores, ignore_index=True)
     items = reporting_checklist(list(runs.values()), counts, scores_all, metrics_df, n_tests, n_systems_max,
                                 n_boot)
-    doc.checklist = items  # type: ignore[attr-defined]
-    doc.html.append('<table id="checklist-table"><tr><th>item</th><th>result</th><th>evidence</th></tr>' + "".join(
-        f'<tr><td>{html.escape(i.item)}</td><td class="{"pass" if i.passed else "fail"}">'
-        f'{"PASS" if i.passed else "FAIL"}</td><td>{html.escape(i.evidence)}</td></tr>' for i in items) + "</table>")
-    doc.md.append(frame_to_markdown(pd.DataFrame(
-        [{"item": i.item, "result": "PASS" if i.passed else "FAIL", "evidence": i.evidence} for i in items]),
-        index=False))
+    doc.checklist_table(items)
     atomic_write_text(doc.out / "data" / "checklist.csv", pd.DataFrame(
         [{"item": i.item, "passed": i.passed, "evidence": i.evidence} for i in items]).to_csv(index=False))
     if notes:
-        doc.html.append('</section>\n<section id="notes"><h2>Notes</h2><ul>'
-                        + "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(notes)) + "</ul>")
         doc.md.append("\n## Notes\n\n" + "".join(f"- {n}\n" for n in dict.fromkeys(notes)))
-    doc.html.append("</section>\n</body></html>\n")
-    return "\n".join(doc.html), "\n".join(doc.md)
+    return doc.render_html(study, list(dict.fromkeys(notes))), doc.markdown()

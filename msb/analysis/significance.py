@@ -8,7 +8,8 @@
   non-zero differences ``d = a - b`` of positive / negative sign. ``r`` in [-1, 1]; ``r > 0`` means ``a`` tends
   to score higher.
 * **Benjamini–Hochberg** step-up FDR adjustment (Benjamini & Hochberg 1995): with ``p_(1) <= ... <= p_(m)``,
-  ``p_adj_(i) = min_{j >= i} min(1, m p_(j) / j)`` (same as ``statsmodels`` ``multipletests(method="fdr_bh")``).
+  ``p_adj_(i) = min_{j >= i} min(1, m p_(j) / j)``, computed by :func:`scipy.stats.false_discovery_control`
+  (``method="bh"``); tested against ``statsmodels`` ``multipletests(method="fdr_bh")``.
 * **Friedman test** across ``k >= 3`` systems on the same images (Friedman 1937) via
   :func:`scipy.stats.friedmanchisquare`, with the **Nemenyi** post-hoc (Nemenyi 1963; Demšar 2006) or
   **Conover** post-hoc (Conover & Iman 1979) via ``scikit-posthocs`` (``posthoc_nemenyi_friedman`` /
@@ -60,28 +61,27 @@ def rank_biserial(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def bh_adjust(p: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Benjamini–Hochberg adjusted p-values (step-up; module docstring). NaN entries stay NaN and do not
-    count in ``m``.
+    """Benjamini–Hochberg adjusted p-values (step-up; module docstring), NaN-aware wrapper of
+    :func:`scipy.stats.false_discovery_control` with ``method="bh"``.
+
+    NaN entries (tests that could not be computed) stay NaN and do not count in the number of tests ``m``;
+    the defined entries, whatever the input's shape, form one family.
 
     Args:
-        p: raw p-values in [0, 1].
+        p: raw p-values in [0, 1] (NaN allowed), any shape.
 
     Returns:
-        ``float64`` array of the same shape.
+        ``float64`` array of the same shape: ``min_{j >= i} min(1, m p_(j) / j)`` at the position of
+        ``p_(i)``; all NaN when no entry is defined.
+
+    Raises:
+        ValueError: a defined p-value outside [0, 1] (raised by scipy).
     """
     p = np.asarray(p, dtype=np.float64)
     out = np.full(p.shape, np.nan)
     ok = ~np.isnan(p)
-    if not ok.any():
-        return out
-    q = p[ok]
-    m = q.size
-    order = np.argsort(q, kind="mergesort")
-    scaled = q[order] * m / np.arange(1, m + 1)
-    adj = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
-    res = np.empty(m)
-    res[order] = adj
-    out[ok] = res
+    if ok.any():
+        out[ok] = stats.false_discovery_control(p[ok], method="bh")
     return out
 
 

@@ -138,19 +138,35 @@ def _md_cell(v) -> str:
 
 
 def frame_to_markdown(df: pd.DataFrame, index: bool = True, bold: pd.DataFrame | None = None) -> str:
-    """GitHub-flavoured Markdown pipe table of ``df`` (cells as ``str``; ``bold`` marks cells with ``**``)."""
-    cols = ([str(df.index.name or "")] if index else []) + [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |",
-             "| " + " | ".join("---" for _ in cols) + " |"]
-    for i, (idx, row) in enumerate(df.iterrows()):
-        cells = [_md_cell(idx)] if index else []
-        for j, v in enumerate(row):
-            s = _md_cell(v)
-            if bold is not None and bool(bold.iat[i, j]):
-                s = f"**{s}**"
-            cells.append(s)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """GitHub-flavoured Markdown pipe table of ``df``, rendered by :meth:`pandas.DataFrame.to_markdown`
+    (``tabulate``, ``tablefmt="pipe"``, columns padded and left-aligned).
+
+    Every cell is shown as ``str(value)`` verbatim (``disable_numparse``: ``"0.8000"`` stays ``"0.8000"``),
+    with ``|`` escaped as ``\\|`` and newlines replaced by spaces so that a cell never breaks the table.
+
+    Args:
+        df: the table (any dtypes); column labels become the header.
+        index: add the index as the first column, headed by ``df.index.name`` (empty when unnamed).
+        bold: optional boolean frame of ``df``'s shape (same row/column order); ``True`` cells are wrapped
+            in ``**``.
+
+    Returns:
+        The table as text ending with a newline: header row, alignment row, one row per row of ``df``.
+
+    Raises:
+        ValueError: ``bold`` has a different shape than ``df``.
+    """
+    if bold is not None and bold.shape != df.shape:
+        raise ValueError(f"bold mask shape {bold.shape} differs from the table shape {df.shape}")
+    mask = np.zeros(df.shape, dtype=bool) if bold is None else bold.to_numpy(dtype=bool)
+    headers = ([_md_cell(df.index.name or "")] if index else []) + [_md_cell(c) for c in df.columns]
+    rows = []
+    for i, (idx, row) in enumerate(zip(df.index, df.itertuples(index=False, name=None))):
+        cells = [_md_cell(v) for v in row]
+        cells = [f"**{c}**" if mask[i, j] else c for j, c in enumerate(cells)]
+        rows.append(([_md_cell(idx)] if index else []) + cells)
+    cells = pd.DataFrame(rows, columns=range(len(headers)), dtype=object)
+    return cells.to_markdown(index=False, headers=headers, tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 def to_markdown(t: CITable) -> str:

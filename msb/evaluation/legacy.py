@@ -8,10 +8,14 @@ Old polyp tables (PraNet, Polyp-PVT, CASCADE, ...) report numbers computed by th
   IJCAI 2018; mean over 256 thresholds and adaptive) and MAE on the continuous map: computed here with the
   ``pysodmetrics`` library (``py_sod_metrics``), whose ``prepare_data`` reproduces the MATLAB preparation
   (``pred / 255``, min-max unless the map is constant, ``gt > 128``).
-* The papers' "mDice": for each of 256 thresholds ``t = 1, 1-1/255, ..., 0`` (``np.linspace(1, 0, 256)``,
-  as in the UACANet Python port), foreground = ``map >= t``, Dice = ``2 TP / (|P| + |G|)`` and **0 whenever
-  TP = 0** (MATLAB ``Fmeasure_calu``); the image-mean Dice per threshold, then the mean over thresholds
-  ("meanDic") and the max over thresholds ("maxDic").
+* The papers' "mDice": for each of 256 thresholds ``t = 1, 254/255, ..., 1/255, 0`` (exactly ``k/255``),
+  foreground = ``map >= t``, Dice = ``2 TP / (|P| + |G|)`` and **0 whenever TP = 0** (MATLAB
+  ``Fmeasure_calu``); the image-mean Dice per threshold, then the mean over thresholds ("meanDic") and the
+  max over thresholds ("maxDic"). The per-threshold curve is ``py_sod_metrics.FmeasureV2`` with a
+  ``DICEHandler`` (dynamic thresholds: the prepared map is binned as ``uint8(255 map)`` and thresholded at
+  ``>= k``, k = 255..0). An earlier hand-written version compared the map with ``np.linspace(1, 0, 256)``,
+  104 of whose values are one ulp away from ``k/255``, so 8-bit maps landing exactly on such a ``k/255``
+  fell on the wrong side of the threshold.
 
 Why it differs from Dice at 0.5: the min-max step stretches every map to [0, 1], so a low-confidence map
 that is correctly empty at 0.5 still produces a lesion at most thresholds, and averaging over thresholds
@@ -28,8 +32,9 @@ import numpy as np
 __all__ = ["LEGACY_THRESHOLDS", "legacy_metrics", "polyp_mdice", "prepare_legacy_map", "sod_metrics",
            "threshold_dice_curve", "to_uint8_map"]
 
-#: The 256 thresholds of the polyp "mDice" protocol, from 1 down to 0.
-LEGACY_THRESHOLDS: np.ndarray = np.linspace(1.0, 0.0, 256)
+#: The 256 thresholds of the polyp "mDice" protocol, ``k/255`` for k = 255 down to 0 (the order of the curve
+#: returned by :func:`threshold_dice_curve`; ``py_sod_metrics`` bins the map into these levels).
+LEGACY_THRESHOLDS: np.ndarray = np.arange(255, -1, -1, dtype=np.float64) / 255.0
 
 
 def to_uint8_map(prob: np.ndarray) -> np.ndarray:
@@ -69,27 +74,39 @@ def prepare_legacy_map(prob: np.ndarray) -> np.ndarray:
 
 
 def threshold_dice_curve(prob: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Dice of ``prepare_legacy_map(prob) >= t`` against ``ref`` for the 256 :data:`LEGACY_THRESHOLDS`.
+    """Per-threshold Dice of one image for the 256 :data:`LEGACY_THRESHOLDS`, computed by ``py_sod_metrics``.
+
+    ``py_sod_metrics.FmeasureV2`` with a ``DICEHandler(with_dynamic=True, with_adaptive=False)``, fed the
+    uint8 map (:func:`to_uint8_map`) and the reference as uint8 0/255: the library prepares the map as in
+    :func:`prepare_legacy_map` (``/ 255``, per-image min-max), bins it as ``uint8(255 map)`` and counts
+    ``TP(k), |P(k)|`` for ``map_bin >= k``, k = 255, ..., 0. Stepping one object over all images of a
+    dataset gives the mean curve whose mean is the dataset "mDice"; :func:`polyp_mdice` of the per-image
+    curves returned here reproduces it exactly (same per-image values, same means).
 
     Args:
-        prob: float (H, W) in [0, 1] or uint8 (H, W).
-        ref: bool (H, W) reference.
+        prob: float (H, W) in [0, 1] or uint8 (H, W); floats are first quantised to ``round(255 p)``.
+        ref: bool (H, W) reference (non-zero = foreground).
 
     Returns:
-        float64 (256,): ``2 TP / (|P| + |G|)``, and 0 where TP = 0 (MATLAB ``Fmeasure_calu`` rule).
+        float64 (256,), thresholds in the order of :data:`LEGACY_THRESHOLDS` (1 down to 0):
+        ``2 TP / (|P| + |G|)``, which is 0 whenever TP = 0; where ``|P| + |G| = 0`` (empty reference and empty
+        prediction) the library also returns 0, so Dice = 0 whenever TP = 0 (MATLAB ``Fmeasure_calu`` rule).
+
+    Raises:
+        ValueError: ``prob`` not 2D, outside [0, 1] or NaN (:func:`to_uint8_map`); shapes differ.
     """
-    ref = np.asarray(ref, dtype=bool)
-    m = prepare_legacy_map(prob)
-    if m.shape != ref.shape:
-        raise ValueError(f"prob and ref must have the same shape, got {m.shape} and {ref.shape}")
-    all_sorted = np.sort(m, axis=None)
-    fg_sorted = np.sort(m[ref], axis=None)
-    n_pred = all_sorted.size - np.searchsorted(all_sorted, LEGACY_THRESHOLDS, side="left")
-    tp = fg_sorted.size - np.searchsorted(fg_sorted, LEGACY_THRESHOLDS, side="left")
-    n_ref = int(ref.sum())
-    with np.errstate(divide="ignore", invalid="ignore"):
-        dice = np.where(tp > 0, 2.0 * tp / (n_pred + n_ref), 0.0)
-    return dice.astype(np.float64)
+    import py_sod_metrics as sod  # local import: only needed when legacy metrics are requested
+
+    pred_u8 = to_uint8_map(prob)
+    gt_u8 = np.asarray(ref, dtype=bool).astype(np.uint8) * 255
+    if pred_u8.shape != gt_u8.shape:
+        raise ValueError(f"prob and ref must have the same shape, got {pred_u8.shape} and {gt_u8.shape}")
+    fm = sod.FmeasureV2(metric_handlers={"dice": sod.DICEHandler(with_dynamic=True, with_adaptive=False)})
+    fm.step(pred=pred_u8, gt=gt_u8)
+    curve = np.asarray(fm.get_results()["dice"]["dynamic"], dtype=np.float64)
+    if curve.shape != LEGACY_THRESHOLDS.shape:  # guards against a library change of the binning
+        raise RuntimeError(f"py_sod_metrics returned a Dice curve of shape {curve.shape}, expected (256,)")
+    return curve
 
 
 def polyp_mdice(curves: np.ndarray) -> dict[str, float]:

@@ -21,6 +21,7 @@ import yaml
 from scipy import stats
 
 from msb.analysis import report as report_mod
+from msb.analysis import report_data, report_doc
 from msb.analysis.report import FIGURE_IDS, SECTION_IDS, build_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +66,33 @@ def _counts(study: Path) -> pd.DataFrame:
 def _dice(tp, fp, fn) -> np.ndarray:
     den = 2 * tp + fp + fn
     return np.where(den > 0, 2 * tp / np.where(den > 0, den, 1), np.nan)
+
+
+def test_report_template_escapes_every_text(tmp_path: Path):
+    """The jinja2 template autoescapes: markup in the study name, texts, headings, notes, figure reasons and
+    checklist cells appears as text, never as tags; pandas tables keep their own escaping."""
+    from msb.analysis.contract import ChecklistItem
+
+    doc = report_doc.ReportDoc(tmp_path)
+    evil = '<script>alert("x")</script> & \'q\''
+    doc.text("intro " + evil)
+    doc.section("contract", "Title " + evil)
+    doc.sub("sub " + evil)
+    doc.text("note " + evil, "note")
+    doc.frame(pd.DataFrame({"field<>": ["a<b>"], "value": [0.5]}), caption="cap " + evil)
+    doc.missing_figure("overlays", "overlays", "reason " + evil)
+    doc.checklist_table([ChecklistItem("item " + evil, True, "evidence " + evil)])
+    out = doc.render_html("study " + evil, ["note " + evil])
+    assert "<script>" not in out and "<b>" not in out
+    # escaped by jinja2: title, h1, intro, h2, h3, note, figure reason, checklist item + evidence, notes list
+    assert out.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp; &#39;q&#39;") == 10
+    assert "<caption>cap &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#x27;q&#x27;</caption>" in out
+    assert "&lt;b&gt;" in out and "field&lt;&gt;" in out  # the Styler table escapes its cells and headers
+    assert out.startswith("<!DOCTYPE html>") and out.endswith("</section>\n</body></html>\n")
+    assert '<section id="contract">' in out and '<section id="notes">' in out and '<p class="note">' in out
+    assert '<td class="pass">PASS</td>' in out and "\n\n</section>" not in out.split("<h2>")[0]
+    md = doc.markdown()
+    assert "## Title " + evil in md and "| item " in md
 
 
 def test_report_has_every_section_figure_and_checklist_item(study: Path):
@@ -185,7 +213,7 @@ def test_failed_report_leaves_the_previous_one(study: Path, tmp_path: Path, monk
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(report_mod, "save_figure", boom)
+    monkeypatch.setattr(report_doc, "save_figure", boom)  # figures are written by the report document
     with pytest.raises(RuntimeError, match="disk full"):
         build_report(study, out, n_boot=20)
     assert (out / "report.html").read_bytes() == before
@@ -193,7 +221,7 @@ def test_failed_report_leaves_the_previous_one(study: Path, tmp_path: Path, monk
 
 
 def test_overlays_on_grey_when_the_dataset_is_absent(study: Path, tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(report_mod, "resolve_data_root", lambda run: None)
+    monkeypatch.setattr(report_data, "resolve_data_root", lambda run: None)  # used by the overlay grid
     res = build_report(study, tmp_path / "rep", n_boot=0)
     assert any("grey background" in n for n in res.notes)
     html = res.html.read_text(encoding="utf-8")

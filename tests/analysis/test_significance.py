@@ -60,6 +60,35 @@ def test_bh_equals_statsmodels():
     np.testing.assert_allclose(got[[0, 2, 3]], want, atol=1e-15)
 
 
+@pytest.mark.parametrize("p", [
+    [0.01, 0.02, 0.03, 0.04, 0.05],                       # every p scales to 0.05
+    [0.05, 0.01, 0.05, 0.01, 0.9, 1.0],                   # ties, unsorted, p = 1
+    [0.2, np.nan, 0.2, 0.001, np.nan, 0.04, 0.04, 0.5],   # ties and NaNs
+    [0.3, 0.3, 0.3],                                      # all tied
+    [0.0, 1e-300, 0.5, np.nan],                           # zero / tiny p
+    [0.7],                                                # one test: unchanged
+    [np.nan, 0.02],                                       # one defined test
+])
+def test_bh_equals_statsmodels_with_ties_and_nans(p):
+    """NaN entries stay NaN and are left out of m; the defined entries equal statsmodels' fdr_bh on them
+    alone (a few ulps of tolerance: scipy scales by m / i, statsmodels divides by i / m)."""
+    p = np.asarray(p, dtype=float)
+    got = bh_adjust(p)
+    ok = ~np.isnan(p)
+    assert got.shape == p.shape and got.dtype == np.float64
+    assert np.isnan(got[~ok]).all()
+    want = multipletests(p[ok], method="fdr_bh")[1]
+    np.testing.assert_allclose(got[ok], want, rtol=0, atol=1e-15)
+    tied = p[ok][:, None] == p[ok][None, :]
+    assert (got[ok][:, None] == got[ok][None, :])[tied].all()  # tied p-values get the same adjusted value
+
+
+def test_bh_all_nan_and_out_of_range():
+    assert np.isnan(bh_adjust([np.nan, np.nan])).all() and bh_adjust([]).shape == (0,)
+    with pytest.raises(ValueError):
+        bh_adjust([0.5, 1.5])
+
+
 def test_pairwise_wilcoxon_adjusts_across_rows():
     rng = np.random.default_rng(3)
     base = rng.uniform(0.4, 0.9, 30)

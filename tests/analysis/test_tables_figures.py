@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from msb.analysis.figures import OVERLAY_COLORS, overlay_grid, overlay_rgb, save_figure, score_distributions
-from msb.analysis.tables import ci_table, scores_ci_table, to_html, to_latex, to_markdown
+from msb.analysis.tables import ci_table, frame_to_markdown, scores_ci_table, to_html, to_latex, to_markdown
 
 
 def tidy() -> pd.DataFrame:
@@ -33,9 +35,41 @@ def test_scores_table_marks_best_per_column_with_cis():
     assert tex.count(r"\textbf") == 2 and r"unet\_r18" in tex and r"\label{tab:dice}" in tex
     assert r"\toprule" in tex and r"\begin{tabular}{lrr}" in tex
     md = to_markdown(t)
-    assert "| unet_r34 | **0.8500 [0.8300, 0.8800]** | 0.6500 [0.6300, 0.6800] |" in md
+    header, body = parse_markdown_table(md)
+    assert header == ["system", "global-micro", "image-macro"]
+    assert body[1] == ["unet_r34", "**0.8500 [0.8300, 0.8800]**", "0.6500 [0.6300, 0.6800]"]
+    assert body[0] == ["unet_r18", "0.8000 [0.7800, 0.8300]", "**0.7000 [0.6800, 0.7300]**"]
+    assert md.startswith(f"*{t.caption}*\n\n")
     html = to_html(t)
     assert "font-weight: bold" in html and "0.8500 [0.8300, 0.8800]" in html
+
+
+def parse_markdown_table(md: str) -> tuple[list[str], list[list[str]]]:
+    """Header and body cells of the (single) pipe table in ``md``: rows are the lines starting with ``|``,
+    cells split on unescaped ``|`` and stripped; the alignment row (only ``-`` and ``:``) is checked and
+    dropped."""
+    rows = [line.strip() for line in md.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", r[1:-1])] for r in rows]
+    assert all(re.fullmatch(r":?-+:?", c) for c in cells[1]), rows[1]
+    return cells[0], cells[2:]
+
+
+def test_frame_to_markdown_cells_parse_back():
+    """Every cell reads back as ``str(value)`` (pipes escaped, newlines as spaces, no number reformatting),
+    the index name heads the first column and ``bold`` wraps cells in ``**``."""
+    df = pd.DataFrame({"value": ["0.8000", "1e-05", "a|b"], "n": [3, 10, 0], "p": [0.25, np.nan, 1e-12],
+                       "note": ["x", "two\nlines", ""]}, index=pd.Index(["s1", "s2", "s|3"], name="system"))
+    bold = pd.DataFrame(False, index=df.index, columns=df.columns)
+    bold.iloc[1, 0] = True
+    header, body = parse_markdown_table(frame_to_markdown(df, index=True, bold=bold))
+    assert header == ["system", "value", "n", "p", "note"]
+    expected = [["s1", "0.8000", "3", "0.25", "x"], ["s2", "**1e-05**", "10", "nan", "two lines"],
+                ["s|3", "a|b", "0", "1e-12", ""]]
+    assert [[c.replace("\\|", "|") for c in row] for row in body] == expected
+    header, body = parse_markdown_table(frame_to_markdown(df.iloc[:0], index=False))
+    assert header == ["value", "n", "p", "note"] and body == []
+    with pytest.raises(ValueError, match="shape"):
+        frame_to_markdown(df, bold=bold.iloc[:1])
 
 
 def test_lower_is_better_for_distances_and_ties():

@@ -120,3 +120,65 @@ def test_legacy_columns_in_image_metrics_and_summary():
     s = summarize_metrics(table).set_index(["metric", "aggregation"])["value"]
     assert s[("legacy_mdice", "threshold_curve")] == pytest.approx(3166 / 3840)
     assert s[("legacy_maxdice", "threshold_curve")] == 1.0
+
+
+def _sod_dice_curves(preds_u8, gts):
+    """Reference: pysodmetrics' threshold-wise Dice (FmeasureV2 + DICEHandler), one object over the dataset
+    (as the PraNet-style evaluation scripts run it), and one per image."""
+    import py_sod_metrics as sod
+
+    def new():
+        return sod.FmeasureV2(metric_handlers={"dice": sod.DICEHandler(with_dynamic=True, with_adaptive=False)})
+
+    dataset, per_image = new(), []
+    for p, g in zip(preds_u8, gts):
+        g_u8 = g.astype(np.uint8) * 255
+        dataset.step(pred=p, gt=g_u8)
+        one = new()
+        one.step(pred=p, gt=g_u8)
+        per_image.append(one.get_results()["dice"]["dynamic"])
+    return dataset.get_results()["dice"]["dynamic"], np.array(per_image)
+
+
+def test_dice_curve_and_mdice_equal_pysodmetrics_on_8bit_maps():
+    """Hand-made 8-bit maps: the per-image curves and the dataset mDice/maxDice equal pysodmetrics'.
+
+    Map A holds 0 and 255, so the min-max step is the identity and its pixel of value 4 sits exactly on
+    4/255, where ``np.linspace(1, 0, 256)[251]`` is one ulp larger than 4/255: a threshold taken from linspace
+    would drop that pixel at t = 4/255 (the earlier bug). Its curve is also checked against exact integer
+    counting (``u >= k``). Map B needs min-max (10..250), C is constant, D has an empty reference, E is a
+    float map quantised with round(255 p)."""
+    a = np.array([[255, 4, 4, 0], [200, 4, 130, 0], [0, 0, 36, 37]], np.uint8)
+    ga = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]], bool)
+    b = np.array([[250, 160, 26], [70, 10, 130], [11, 249, 100]], np.uint8)
+    gb = np.array([[1, 1, 0], [0, 0, 1], [0, 1, 1]], bool)
+    c = np.full((3, 3), 77, np.uint8)
+    gc = np.eye(3, dtype=bool)
+    d = np.array([[0, 255, 20], [5, 4, 3]], np.uint8)
+    gd = np.zeros((2, 3), bool)
+    e_prob = np.array([[0.0, 0.5, 1.0], [0.2, 0.8, 0.0157]])
+    ge = np.array([[0, 1, 1], [0, 1, 0]], bool)
+    maps = [a, b, c, d, e_prob]
+    gts = [ga, gb, gc, gd, ge]
+    curves = np.array([legacy.threshold_dice_curve(m, g) for m, g in zip(maps, gts)])
+    ds_curve, per_image = _sod_dice_curves([legacy.to_uint8_map(m) for m in maps], gts)
+    np.testing.assert_array_equal(curves, per_image)
+    scores = legacy.polyp_mdice(curves)
+    assert scores["mdice"] == pytest.approx(float(np.mean(ds_curve)), rel=0, abs=1e-15)
+    assert scores["maxdice"] == pytest.approx(float(np.max(ds_curve)), rel=0, abs=1e-15)
+
+    # map A by exact integer counting: threshold k/255 <=> u >= k (A spans 0..255, so min-max is the identity)
+    exact = []
+    for k in range(255, -1, -1):
+        p = a.astype(int) >= k
+        tp = int((p & ga).sum())
+        exact.append(2 * tp / (p.sum() + ga.sum()) if tp else 0.0)
+    np.testing.assert_allclose(curves[0], exact, rtol=0, atol=1e-15)
+    i4 = 255 - 4  # threshold 4/255
+    assert legacy.LEGACY_THRESHOLDS[i4] == 4 / 255
+    assert np.linspace(1, 0, 256)[i4] > 4 / 255  # the old thresholds miss the pixels of value 4 here ...
+    old = a / 255 >= np.linspace(1, 0, 256)[i4]
+    # old: P = {255, 200, 130, 36, 37}, TP = 4 -> 8/11; library: the three 4s join, TP = 6 -> 12/14
+    assert int(old.sum()) == 5 and int((old & ga).sum()) == 4
+    assert curves[0][i4] == pytest.approx(12 / 14, rel=0, abs=1e-15)
+    assert legacy.legacy_metrics(a, ga)["legacy_mdice"] == pytest.approx(float(np.mean(exact)), abs=1e-15)
