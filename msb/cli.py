@@ -115,7 +115,9 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 compare: bool = typer.Option(False, help="Compare systems: paired Wilcoxon (BH), paired bootstrap "
                                                          "differences, Friedman, ranking sensitivity."),
                 seed: int = typer.Option(0, help="Bootstrap seed."),
-                system_by: str = typer.Option("run", help="What --compare compares: run | model.")) -> None:
+                system_by: str = typer.Option("run", help="What --compare compares: run | model."),
+                posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
+                                                            "Friedman, nemenyi | conover.")) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
     from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts_with_report
@@ -129,7 +131,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     if rules is not None or population or bootstrap or compare:
         from msb.analysis.compare import run_extended
 
-        run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log)
+        run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log,
+                     posthoc)
         return
     table = _reagg(df, group_by=group)
     console.print(render_scores_table(table))
@@ -223,14 +226,19 @@ def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>
            seed: int = typer.Option(0, help="Bootstrap seed."),
            population: Optional[List[str]] = typer.Option(None, help="Extra population: source:A,B | ids:FILE | "
                                                                      "flag:FILE[:COLUMN] (repeatable)."),
-           system_by: str = typer.Option("run", help="What a compared system is: run | model.")) -> None:
+           system_by: str = typer.Option("run", help="What a compared system is: run | model."),
+           posthoc: str = typer.Option("nemenyi", help="Post-hoc test after Friedman (>= 3 systems): "
+                                                       "nemenyi | conover.")) -> None:
     """Self-contained HTML + Markdown report of a study from stored artifacts: contract, scores with CIs,
     significance, ranking sensitivity, figures, LaTeX tables and a reporting checklist."""
     from msb.analysis.populations import parse_population
     from msb.analysis.report import build_report
+    from msb.analysis.significance import check_posthoc
 
+    check_posthoc(posthoc)
     pops = [parse_population(p) for p in population or []]
-    res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by)
+    res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by,
+                       posthoc=posthoc)
     for item in res.checklist:
         log(f"{'PASS' if item.passed else 'FAIL'}  {item.item}: {item.evidence}")
     for note in res.notes:

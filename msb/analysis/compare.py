@@ -16,7 +16,7 @@ from msb.analysis.aggregate import ALL_METRICS, DEFAULT_GROUP
 from msb.analysis.bootstrap import DEFAULT_LEVEL, bootstrap_rule, bootstrap_rules
 from msb.analysis.ranking import ranking_sensitivity
 from msb.analysis.rules import BASE_RULES, ImageTable, aggregate_rules, image_table, unit_scores
-from msb.analysis.significance import bh_adjust, friedman_test, pairwise_wilcoxon
+from msb.analysis.significance import bh_adjust, check_posthoc, friedman_test, pairwise_wilcoxon
 from msb.analysis.systems import align_tables, comparison_blocks, find_systems
 from msb.errors import MSBError
 
@@ -127,8 +127,9 @@ class Comparison:
 
 def compare_systems(df: pd.DataFrame, system_by: str = "run", rules: Sequence[str] = BASE_RULES,
                     metrics: Sequence[str] = ALL_METRICS, n_boot: int = 2000, level: float = DEFAULT_LEVEL,
-                    seed: int = 0) -> list[Comparison]:
-    """Compare the systems of each (dataset, split) block on their common images.
+                    seed: int = 0, posthoc: str = "nemenyi") -> list[Comparison]:
+    """Compare the systems of each (dataset, split) block on their common images (``posthoc``: the test after
+    Friedman for >= 3 systems, ``"nemenyi"`` or ``"conover"``).
 
     Returns:
         One :class:`Comparison` per block with at least two systems.
@@ -147,7 +148,7 @@ def compare_systems(df: pd.DataFrame, system_by: str = "run", rules: Sequence[st
                                          or list(rules)[:1], "dice" if "dice" in metrics else metrics[0],
                                          n_boot, level, seed)
         if len(labels) >= 3:
-            fr = friedman_test({lab: unit_scores(aligned[lab], "dice", "image") for lab in labels})
+            fr = friedman_test({lab: unit_scores(aligned[lab], "dice", "image") for lab in labels}, posthoc)
             friedman = (f"{fr.test}: chi2 = {fr.statistic:.4g}, p = {fr.p_value:.4g} (n = {fr.n} images, k = {fr.k}); "
                         f"{fr.posthoc_test} p-values: " + "; ".join(
                             f"{a} vs {b}: {fr.posthoc.loc[a, b]:.4g}" for a, b in itertools.combinations(labels, 2)))
@@ -206,13 +207,15 @@ def ci_display(table: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
 
 
 def run_extended(df: pd.DataFrame, group_by: Sequence[str], rules: str | None, populations: Sequence[str],
-                 n_boot: int, compare: bool, seed: int, system_by: str, out, show, log) -> None:
+                 n_boot: int, compare: bool, seed: int, system_by: str, out, show, log, posthoc: str = "nemenyi"
+                 ) -> None:
     """Body of ``msb reaggregate`` with ``--rules``, ``--population``, ``--bootstrap`` or ``--compare``.
 
     Args:
         df: counts rows; group_by: pooling columns; rules: ``--rules`` text (None = the basic three);
         populations: ``--population`` specs; n_boot: ``--bootstrap``; compare: ``--compare``; seed: ``--seed``;
-        system_by: ``--system-by``; out: output folder or None; show: prints a rich renderable; log: prints a line.
+        system_by: ``--system-by``; out: output folder or None; show: prints a rich renderable; log: prints a line;
+        posthoc: ``--posthoc`` (nemenyi | conover).
 
     Writes (with ``out``): ``scores.csv``/``scores.parquet`` (with CI columns when bootstrapped),
     ``populations.csv``, ``wilcoxon.csv``, ``paired_differences.csv``, ``ranking_sensitivity.csv``.
@@ -232,7 +235,9 @@ def run_extended(df: pd.DataFrame, group_by: Sequence[str], rules: str | None, p
     # compute everything first, so that an error leaves no output file behind
     table = scores_with_ci(df, group_by, rule_list, ALL_METRICS, n_boot, DEFAULT_LEVEL, seed)
     comp = compare_populations(df, pops, group_by, rule_list, ["dice"]) if pops else None
-    comps = compare_systems(df, system_by, rule_list, ALL_METRICS, n_boot, DEFAULT_LEVEL, seed) if compare else []
+    check_posthoc(posthoc)
+    comps = compare_systems(df, system_by, rule_list, ALL_METRICS, n_boot, DEFAULT_LEVEL, seed, posthoc) \
+        if compare else []
     title = "Scores" + (f" with {100 * DEFAULT_LEVEL:.0f}% percentile bootstrap CIs ({n_boot} replicates, "
                         f"seed {seed})" if n_boot else "")
     show(rich_frame(ci_display(table), title))

@@ -47,7 +47,7 @@ from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensi
 from msb.analysis.report_data import analyse_blocks, overlay_figure, system_scores
 from msb.analysis.report_doc import ReportDoc
 from msb.analysis.rules import BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS, foldwise_summary, unit_scores
-from msb.analysis.significance import friedman_test
+from msb.analysis.significance import POSTHOC_NAMES, friedman_test
 from msb.analysis.systems import System, comparison_blocks, find_systems
 from msb.analysis.tables import scores_ci_table
 from msb.errors import MSBError
@@ -94,7 +94,8 @@ def _section(doc: ReportDoc, sid: str) -> None:
 def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_boot: int = DEFAULT_N_BOOT,
                  level: float = DEFAULT_LEVEL, seed: int = 0, populations: Sequence[Population] = (),
                  system_by: str = "run", rules: Sequence[str] = EXTENDED_RULES,
-                 metrics: Sequence[str] = ALL_METRICS, max_overlays: int = 4) -> ReportResult:
+                 metrics: Sequence[str] = ALL_METRICS, max_overlays: int = 4, posthoc: str = "nemenyi"
+                 ) -> ReportResult:
     """Write the study report (module docstring).
 
     Args:
@@ -106,6 +107,8 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
         system_by: ``"run"`` or ``"model"`` (:func:`msb.analysis.systems.find_systems`).
         rules, metrics: aggregation rules and count metrics of the score tables.
         max_overlays: images in the overlay grid.
+        posthoc: post-hoc test after Friedman for >= 3 systems, ``"nemenyi"`` or ``"conover"``
+            (:func:`msb.analysis.significance.friedman_test`).
 
     Returns:
         :class:`ReportResult`.
@@ -157,7 +160,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     try:
         doc = ReportDoc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
-                        n_boot, level, seed, rules, metrics, max_overlays, notes)
+                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc)
         html_text, md_text = result
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
@@ -176,7 +179,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
            metrics_df: pd.DataFrame | None, blocks: dict[tuple[str, str], list[System]],
            labels_by_run: dict[str, str], populations: Sequence[Population], n_boot: int, level: float,
            seed: int, rules: Sequence[str], metrics: Sequence[str], max_overlays: int,
-           notes: list[str]) -> tuple[str, str]:
+           notes: list[str], posthoc: str = "nemenyi") -> tuple[str, str]:
     study = study_dir.resolve().name
     n_blocks = len(blocks)
     # ---------------- per-block analysis (figures are drawn in the figures section)
@@ -210,7 +213,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
             ("uncertainty", f"image-level percentile bootstrap, {n_boot} replicates, level {level:g}, seed {seed}, "
                             "fold-stratified when a system pools folds" if n_boot else "no bootstrap"),
             ("tests", "paired two-sided Wilcoxon signed-rank on per-image scores, Benjamini-Hochberg FDR, "
-                      "rank-biserial effect size; Friedman + Nemenyi post-hoc for >= 3 systems")],
+                      "rank-biserial effect size; Friedman + " + POSTHOC_NAMES[posthoc] + " for >= 3 systems")],
     }
     contract = contract_table(list(runs.values()), labels_by_run, extra)
     for sec, g in contract.groupby("section", sort=False):
@@ -286,7 +289,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         if len(labels) >= 3:
             sc = {lab: unit_scores(aligned[lab], "dice", "image") for lab in labels}
             try:
-                fr = friedman_test(sc)
+                fr = friedman_test(sc, posthoc)
                 doc.text(f"{fr.test}: chi2 = {fr.statistic:.4g}, p = {fr.p_value:.4g} (n = {fr.n} images, "
                          f"k = {fr.k} systems, {fr.n_dropped} image(s) dropped as undefined); mean ranks "
                          + ", ".join(f"{k}: {v:.2f}" for k, v in fr.mean_ranks.items()))

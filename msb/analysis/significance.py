@@ -33,10 +33,12 @@ from scipy import stats
 from msb.errors import MSBError
 
 __all__ = ["WILCOXON", "FRIEDMAN", "WilcoxonResult", "FriedmanResult", "rank_biserial", "bh_adjust",
-           "paired_wilcoxon", "pairwise_wilcoxon", "friedman_test"]
+           "paired_wilcoxon", "pairwise_wilcoxon", "friedman_test", "POSTHOC_NAMES", "check_posthoc"]
 
 WILCOXON = "Wilcoxon signed-rank (paired, two-sided)"
 FRIEDMAN = "Friedman chi-square"
+POSTHOC_NAMES = {"nemenyi": "Nemenyi post-hoc", "conover": "Conover post-hoc"}
+"""Post-hoc tests selectable after Friedman (``--posthoc``), with the words the report uses."""
 _POSTHOC = {"nemenyi": "Nemenyi (Friedman post-hoc)", "conover": "Conover (Friedman post-hoc)"}
 
 
@@ -190,6 +192,13 @@ class FriedmanResult:
     mean_ranks: dict[str, float]
     posthoc_test: str
     posthoc: pd.DataFrame
+
+
+def check_posthoc(posthoc: str) -> str:
+    """Return ``posthoc`` if it names a post-hoc test (:data:`POSTHOC_NAMES`). Raises :class:`MSBError`."""
+    if posthoc not in _POSTHOC:
+        raise MSBError(f"--posthoc must be one of {', '.join(_POSTHOC)}, not {posthoc!r}")
+    return posthoc
 
 
 def friedman_test(scores: Mapping[str, np.ndarray], posthoc: str = "nemenyi",
