@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 
 from msb.errors import MSBError
+from msb.utils.epochs import normalise_records
 
 __all__ = ["RunInfo", "ChecklistItem", "find_run_dirs", "find_counts_files", "read_run", "contract_table",
            "reporting_checklist",
@@ -45,7 +46,8 @@ class RunInfo:
     Attributes:
         run_dir: the folder; run_id: its name; config: the parsed ``config.yaml`` (dict);
         split: ``split.csv`` (``sample_id, split``) or None; manifest: ``manifest.json`` or {};
-        records: ``checkpoints/records.json`` or {}; train_log: ``train_log.csv`` or None;
+        records: ``checkpoints/records.json`` (epochs 1-based, old 0-based files converted) or {};
+        train_log: ``train_log.csv`` or None;
         problems: files that were missing or unreadable (shown as evidence).
     """
 
@@ -128,8 +130,15 @@ def read_run(run_dir: str | Path) -> RunInfo:
             problems.append(f"{name} unreadable ({type(e).__name__})")
             return None
 
-    return RunInfo(run_dir, run_dir.name, config, _csv("split.csv"), _json(run_dir / "manifest.json"),
-                   _json(run_dir / "checkpoints" / "records.json"), _csv("train_log.csv"), tuple(problems))
+    split, manifest = _csv("split.csv"), _json(run_dir / "manifest.json")
+    records_path = run_dir / "checkpoints" / "records.json"
+    records = _json(records_path)
+    try:  # 1-based epochs, as train_log.csv; old 0-based records are converted
+        records = normalise_records(records, records_path)
+    except MSBError as e:
+        problems.append(f"{records_path.relative_to(run_dir)} unreadable ({e})")
+        records = {}
+    return RunInfo(run_dir, run_dir.name, config, split, manifest, records, _csv("train_log.csv"), tuple(problems))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, object]:

@@ -35,325 +35,33 @@ Every user error raises :class:`msb.errors.MSBError` with a message naming the f
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-import cv2
 import numpy as np
 import pandas as pd
-from PIL import Image, UnidentifiedImageError
 
+from msb.data.classes import (CLASSES_COLUMNS, CLASSES_FILE, ClassSpec, _problem_list, classes_to_csv, csv_line,
+                              read_classes, validate_classes)
+from msb.data.readers import image_size, mask_to_label_map, mask_to_onehot, read_image, read_mask
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_bytes
-from msb.utils.csvio import read_user_csv
+
+# the class and reader names are re-exported: callers import them from msb.data.schema
+__all__ = ["INDEX_FILE", "CLASSES_FILE", "INDEX_COLUMNS", "OPTIONAL_INDEX_COLUMNS", "CLASSES_COLUMNS",
+           "VALID_SPLITS", "ClassSpec", "PreparedDataset", "classes_to_csv", "csv_line", "image_size",
+           "index_to_csv", "load_prepared_dataset", "mask_to_label_map", "mask_to_onehot", "read_classes",
+           "read_image", "read_mask", "validate_classes", "write_prepared_dataset"]
 
 INDEX_FILE = "index.csv"
-CLASSES_FILE = "classes.csv"
 INDEX_COLUMNS: tuple[str, ...] = ("sample_id", "image_path", "mask_path", "split", "group", "height", "width",
                                   "source")
 OPTIONAL_INDEX_COLUMNS: tuple[str, ...] = ("spacing_row", "spacing_col")
-CLASSES_COLUMNS: tuple[str, ...] = ("class_id", "name", "source_values")
 VALID_SPLITS: tuple[str, ...] = ("train", "val", "test")
 
-#: at most this many problems are listed in one error message (the total count is always given)
-_MAX_LISTED = 10
-
-
-def _problem_list(problems: Sequence[str]) -> str:
-    """Join problems into one message fragment: the first ``_MAX_LISTED`` and a count of the rest."""
-    shown = "; ".join(problems[:_MAX_LISTED])
-    if len(problems) > _MAX_LISTED:
-        shown += f"; ... and {len(problems) - _MAX_LISTED} more"
-    return shown
-
-
-def csv_line(position: int) -> int:
-    """1-based CSV line of the data row at 0-based ``position`` (line 1 is the header)."""
-    return int(position) + 2
-
-
-# --------------------------------------------------------------------------------------------------------
-# classes
-# --------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ClassSpec:
-    """One segmentation class.
-
-    Attributes:
-        class_id: integer id; 0 is the background, foreground classes are 1..K-1 (contiguous).
-        name: human-readable name (unique within a dataset, e.g. ``"polyp"``).
-        source_values: raw integer mask values (as stored in the mask files) that map to this class.
-    """
-
-    class_id: int
-    name: str
-    source_values: tuple[int, ...]
-
-
-def validate_classes(classes: Sequence[ClassSpec], where: str = CLASSES_FILE) -> list[ClassSpec]:
-    """Check a class list and return it sorted by ``class_id``.
-
-    Rules: ids contiguous ``0..K-1`` with ``K >= 2``, class 0 present (background), names unique and
-    non-empty, each class has at least one source value, source values are integers in ``[0, 65535]`` and
-    no value is listed under two classes.
-
-    Args:
-        classes: the classes, any order.
-        where: file name used in error messages.
-
-    Returns:
-        The classes sorted by ``class_id``.
-
-    Raises:
-        MSBError: naming ``where`` and the offending class.
-    """
-    classes = sorted(classes, key=lambda c: c.class_id)
-    ids = [c.class_id for c in classes]
-    if len(classes) < 2:
-        raise MSBError(f"{where}: needs a background class (class_id 0) and at least one foreground class; "
-                       f"found {len(classes)} class(es). Add the missing rows.")
-    if ids != list(range(len(classes))):
-        raise MSBError(f"{where}: class_id values must be contiguous 0..{len(classes) - 1} with 0 = background; "
-                       f"found {ids}. Renumber the classes.")
-    names = [c.name for c in classes]
-    for c in classes:
-        if not str(c.name).strip():
-            raise MSBError(f"{where}: class_id {c.class_id} has an empty name. Give every class a name.")
-        if names.count(c.name) > 1:
-            raise MSBError(f"{where}: class name {c.name!r} is used by more than one class. Make names unique.")
-        if len(c.source_values) == 0:
-            raise MSBError(f"{where}: class_id {c.class_id} ({c.name!r}) has no source_values. List the raw mask "
-                           f"values that belong to it, separated by ';'.")
-    owner: dict[int, ClassSpec] = {}
-    for c in classes:
-        for v in c.source_values:
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= int(v) <= 65535:
-                raise MSBError(f"{where}: class_id {c.class_id} ({c.name!r}) has source value {v!r}; values must be "
-                               f"integers in [0, 65535].")
-            if int(v) in owner:
-                raise MSBError(f"{where}: raw mask value {int(v)} is listed under class_id {owner[int(v)].class_id} "
-                               f"({owner[int(v)].name!r}) and class_id {c.class_id} ({c.name!r}). Each value may "
-                               f"belong to one class only.")
-            owner[int(v)] = c
-    return classes
-
-
-def read_classes(path: str | Path) -> list[ClassSpec]:
-    """Read and validate ``classes.csv``.
-
-    Args:
-        path: path of ``classes.csv``.
-
-    Returns:
-        Classes sorted by ``class_id`` (class 0 = background).
-
-    Raises:
-        MSBError: missing file, missing columns, non-integer ids or values (naming the CSV line), or any rule
-            of :func:`validate_classes`.
-    """
-    path = Path(path)
-    df = read_user_csv(path, "classes file", f"a prepared dataset needs classes.csv (columns "
-                                             f"{', '.join(CLASSES_COLUMNS)}); run `msb data prepare` or write it")
-    missing = [c for c in CLASSES_COLUMNS if c not in df.columns]
-    if missing:
-        raise MSBError(f"{path}: missing column(s) {missing}; expected {list(CLASSES_COLUMNS)}.")
-    classes = []
-    for pos, row in enumerate(df.itertuples(index=False)):
-        line = csv_line(pos)
-        try:
-            cid = int(str(row.class_id).strip())
-        except ValueError:
-            raise MSBError(f"{path} line {line}: class_id {row.class_id!r} is not an integer.") from None
-        raw = str(row.source_values).strip()
-        try:
-            values = tuple(int(v.strip()) for v in raw.split(";") if v.strip() != "")
-        except ValueError:
-            raise MSBError(f"{path} line {line}: source_values {raw!r} must be ';'-separated integers "
-                           f"(e.g. '0' or '1;2').") from None
-        classes.append(ClassSpec(class_id=cid, name=str(row.name).strip(), source_values=values))
-    return validate_classes(classes, where=str(path))
-
-
-def classes_to_csv(classes: Sequence[ClassSpec]) -> str:
-    """Render classes as the text of ``classes.csv`` (``\\n`` line ends, sorted by ``class_id``)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CLASSES_COLUMNS)
-    for c in sorted(classes, key=lambda c: c.class_id):
-        w.writerow([c.class_id, c.name, ";".join(str(int(v)) for v in c.source_values)])
-    return buf.getvalue()
-
-
-# --------------------------------------------------------------------------------------------------------
-# readers
-# --------------------------------------------------------------------------------------------------------
-def read_image(path: str | Path) -> np.ndarray:
-    """Read an image as RGB.
-
-    Args:
-        path: image file (any format OpenCV decodes: PNG, JPEG, BMP, TIFF, ...).
-
-    Returns:
-        ``(H, W, 3)`` ``uint8`` RGB array. Grey images are repeated to 3 channels; an alpha channel is dropped;
-        16-bit images are reduced to 8 bit by OpenCV (value / 256). EXIF orientation is ignored.
-
-    Raises:
-        MSBError: the file is missing or cannot be decoded.
-    """
-    path = Path(path)
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except OSError as e:
-        raise MSBError(f"{path}: cannot read image file ({e}). Check that the file exists.") from e
-    img = cv2.imdecode(data, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION) if data.size else None
-    if img is None:
-        raise MSBError(f"{path}: cannot decode image (empty or corrupt file, or unsupported format). "
-                       f"Replace the file or re-run `msb data prepare`.")
-    return np.ascontiguousarray(img[:, :, ::-1])
-
-
-def read_mask(path: str | Path) -> np.ndarray:
-    """Read a mask's raw integer values.
-
-    Decoding rules (PIL, no value remapping):
-
-    * greyscale (``L``, ``I;16``, ``I``) -> the stored values;
-    * palette (``P``) -> the palette *indices* (the usual label-mask convention);
-    * 1-bit (``1``) -> ``0``/``1``;
-    * ``RGB`` / ``RGBA`` / ``LA``: the colour channels must be equal at every pixel (a grey mask saved as colour)
-      and are collapsed to one; an alpha channel must be fully opaque (255) and is dropped. Colour-coded masks
-      (different channels) are *not* supported: convert them to one integer value per class first.
-
-    Args:
-        path: mask file (PNG recommended; JPEG masks are lossy and need binarising by a converter).
-
-    Returns:
-        ``(H, W)`` integer array: ``uint8`` for 8-bit / 1-bit / palette masks, ``uint16`` or ``int32`` for 16/32-bit.
-
-    Raises:
-        MSBError: missing/corrupt file, colour mask with unequal channels, translucent alpha, unsupported mode.
-    """
-    path = Path(path)
-    try:
-        with Image.open(path) as im:
-            mode = im.mode
-            arr = np.asarray(im)
-    except FileNotFoundError as e:
-        raise MSBError(f"{path}: mask file not found. Fix mask_path in index.csv or re-run `msb data prepare`.") from e
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise MSBError(f"{path}: cannot decode mask ({e}). Replace the file or re-run `msb data prepare`.") from e
-    if mode == "1":
-        return arr.astype(np.uint8)
-    if mode in ("L", "P", "I;16", "I;16B", "I;16L", "I", "I;16N"):
-        if arr.ndim != 2:  # pragma: no cover - defensive
-            raise MSBError(f"{path}: unexpected mask shape {arr.shape} for mode {mode}.")
-        return np.ascontiguousarray(arr)
-    if mode in ("RGB", "RGBA", "LA"):
-        colour = arr[..., :-1] if mode in ("RGBA", "LA") else arr
-        if mode in ("RGBA", "LA"):
-            alpha = arr[..., -1]
-            if not np.all(alpha == 255):
-                raise MSBError(f"{path}: mask has a translucent alpha channel (mode {mode}); masks must store class "
-                               f"values in the grey/colour channels. Save it as a greyscale PNG.")
-        if colour.shape[-1] == 1:
-            return np.ascontiguousarray(colour[..., 0])
-        c0 = colour[..., 0]
-        if not all(np.array_equal(colour[..., k], c0) for k in range(1, colour.shape[-1])):
-            n = int(np.count_nonzero(np.any(colour != c0[..., None], axis=-1)))
-            raise MSBError(f"{path}: colour mask with different R/G/B values at {n} pixel(s); colour-coded masks are "
-                           f"not supported. Convert it to one integer value per class (greyscale or palette PNG).")
-        return np.ascontiguousarray(c0)
-    raise MSBError(f"{path}: unsupported mask image mode {mode!r}. Save masks as 8/16-bit greyscale or palette PNG.")
-
-
-def image_size(path: str | Path) -> tuple[int, int]:
-    """Return ``(height, width)`` in pixels from the file header only (PIL, no pixel decode).
-
-    Raises:
-        MSBError: the file is missing or not a recognised image.
-    """
-    path = Path(path)
-    try:
-        with Image.open(path) as im:
-            w, h = im.size
-    except FileNotFoundError as e:
-        raise MSBError(f"{path}: file not found.") from e
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise MSBError(f"{path}: not a readable image ({e}).") from e
-    return int(h), int(w)
-
-
-def _class_lut(classes: Sequence[ClassSpec], max_value: int) -> np.ndarray:
-    """Lookup table raw value -> class_id (``-1`` = uncovered), length ``max_value + 1``, ``int16``."""
-    lut = np.full(max_value + 1, -1, dtype=np.int16)
-    for c in classes:
-        for v in c.source_values:
-            if v <= max_value:
-                lut[int(v)] = c.class_id
-    return lut
-
-
-def mask_to_label_map(raw: np.ndarray, classes: Sequence[ClassSpec], mask_file: str | Path = "<mask>") -> np.ndarray:
-    """Map raw mask values to class ids.
-
-    Args:
-        raw: ``(H, W)`` integer raw mask (from :func:`read_mask`).
-        classes: the dataset classes.
-        mask_file: file name used in the error message.
-
-    Returns:
-        ``(H, W)`` ``int64`` label map with values in ``0..K-1`` (0 = background).
-
-    Raises:
-        MSBError: ``raw`` is not 2-D integer, or some value is not in any class's ``source_values`` (the message
-            names ``mask_file`` and lists the uncovered values with their pixel counts).
-    """
-    raw = np.asarray(raw)
-    if raw.ndim != 2 or not (np.issubdtype(raw.dtype, np.integer) or raw.dtype == bool):
-        raise MSBError(f"{mask_file}: mask must be a 2-D integer array, got shape {raw.shape} dtype {raw.dtype}.")
-    if raw.dtype == bool:
-        raw = raw.astype(np.uint8)
-    if raw.size == 0:
-        return np.zeros(raw.shape, dtype=np.int64)
-    lo, hi = int(raw.min()), int(raw.max())
-    if lo < 0 or hi > 65535:
-        bad = np.unique(raw[(raw < 0) | (raw > 65535)])[:_MAX_LISTED]
-        raise MSBError(f"{mask_file}: mask values {bad.tolist()} are outside [0, 65535] and not covered by "
-                       f"classes.csv. Fix the mask.")
-    lut = _class_lut(classes, hi)
-    labels = lut[raw]
-    uncovered = labels < 0
-    if uncovered.any():
-        vals, counts = np.unique(raw[uncovered], return_counts=True)
-        listed = ", ".join(f"{int(v)} ({int(n)} px)" for v, n in list(zip(vals, counts))[:20])
-        more = f" and {len(vals) - 20} more values" if len(vals) > 20 else ""
-        raise MSBError(f"{mask_file}: mask values not covered by classes.csv: {listed}{more}. Add them to a class's "
-                       f"source_values in classes.csv, or fix the mask (e.g. binarise a lossy JPEG mask).")
-    return labels.astype(np.int64)
-
-
-def mask_to_onehot(raw: np.ndarray, classes: Sequence[ClassSpec], mask_file: str | Path = "<mask>") -> np.ndarray:
-    """Convert a raw mask to one boolean channel per foreground class.
-
-    Args:
-        raw: ``(H, W)`` integer raw mask (from :func:`read_mask`).
-        classes: the dataset classes (class 0 = background is not output).
-        mask_file: file name used in the error message.
-
-    Returns:
-        ``(C_fg, H, W)`` ``bool`` array; channel ``k`` is the foreground class with the ``k``-th smallest
-        ``class_id`` (i.e. ``class_id = k + 1``).
-
-    Raises:
-        MSBError: as :func:`mask_to_label_map` (uncovered values, naming ``mask_file``).
-    """
-    labels = mask_to_label_map(raw, classes, mask_file)
-    fg_ids = np.array(sorted(c.class_id for c in classes if c.class_id != 0), dtype=np.int64)
-    return labels[None, :, :] == fg_ids[:, None, None]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -656,4 +364,3 @@ def write_prepared_dataset(root: str | Path, index: pd.DataFrame, classes: Seque
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(root / CLASSES_FILE, classes_text.encode("utf-8"))
     atomic_write_bytes(root / INDEX_FILE, index_text.encode("utf-8"))
-

@@ -9,6 +9,11 @@ checkpointing and early stopping. At the end of every epoch the full resume stat
 scheduler, AMP scaler, early-stopping state, best value, RNG states, history) is written atomically, so an
 interrupted run continues from the last finished epoch; with ``full_determinism`` on CPU the resumed run ends
 with bitwise the same weights as an uninterrupted one.
+
+Epochs are 1-based wherever they are stored or shown (epoch k = after k finished epochs; :mod:`msb.utils.epochs`):
+``train_log.csv``, the console, ``checkpoints/records.json`` and the checkpoint files, the resume state
+(``epoch`` = epochs finished, ``best.epoch``, history rows) and :class:`TrainResult`. Only the loop index that
+seeds each epoch (:func:`~msb.engine.determinism.epoch_seed`) is 0-based, and it never leaves the loop.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from msb.evaluation.postprocess import apply_normalisation
 from msb.models.base import Segmentor
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
+from msb.utils.epochs import EPOCH_BASE, EPOCH_BASE_KEY
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
@@ -80,7 +86,16 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.l
 
 @dataclass
 class TrainResult:
-    """Outcome of :meth:`Trainer.fit`. ``history`` has one dict per finished epoch (``train_log.csv``)."""
+    """Outcome of :meth:`Trainer.fit`.
+
+    Attributes:
+        epochs_done: epochs finished (= the 1-based epoch of the last finished one).
+        best_epoch: 1-based epoch of the best checkpoint (the ``epoch`` of its ``train_log.csv`` row; 0 when no
+            epoch has a finite selection value yet).
+        best_value: its selection value (``±inf`` when none yet).
+        stopped_early, finished: early stopping fired; training is complete (not interrupted).
+        history: one dict per finished epoch, the rows of ``train_log.csv`` (``epoch`` 1-based).
+    """
 
     epochs_done: int
     best_epoch: int
@@ -122,6 +137,7 @@ class Trainer:
 
     # --- one epoch -------------------------------------------------------------------------------------
     def _train_epoch(self, epoch: int, seed: int) -> tuple[float, int]:
+        """Train one epoch (``epoch`` 1-based, shown in the progress bar); returns (mean loss, images seen)."""
         cfg = self.cfg
         self.train_ds.set_epoch_seed(seed)
         gen = torch.Generator().manual_seed(seed)
@@ -137,7 +153,7 @@ class Trainer:
         aug_gen = torch.Generator().manual_seed(seed + 1)
         ms = cfg.train.multiscale
         step_each = ms is None or ms.step_per_rate
-        for x, y, _ in self.track(loader, f"epoch {epoch + 1}/{cfg.train.epochs}", len(loader)):
+        for x, y, _ in self.track(loader, f"epoch {epoch}/{cfg.train.epochs}", len(loader)):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             x, y = self.model.train_batch_transform(x, y, aug_gen, cfg.data.normalize_mean, cfg.data.normalize_std)
@@ -204,9 +220,11 @@ class Trainer:
     # --- state -----------------------------------------------------------------------------------------
     def _state(self, epoch: int, best: dict[str, Any], early: dict[str, Any], history: list[dict[str, Any]],
                finished: bool) -> dict[str, Any]:
+        """The resume state after 1-based ``epoch`` (= epochs finished)."""
         return {
-            "epoch": epoch, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "best": best,
+            "epoch": epoch, EPOCH_BASE_KEY: EPOCH_BASE, "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(), "best": best,
             "early_stopping": early, "rng": get_rng_state(), "history": history, "finished": finished,
             "config_hash": self.config_hash,
         }
@@ -219,8 +237,9 @@ class Trainer:
         atomic_write_text(self.run_dir / "train_log.csv", buf.getvalue())
 
     def _ckpt_payload(self, epoch: int) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "epoch": epoch, "arch": self.cfg.model.arch,
-                "num_classes": self.model_num_classes(), "config_hash": self.config_hash}
+        """Checkpoint file contents after 1-based ``epoch``."""
+        return {"model": self.model.state_dict(), "epoch": epoch, EPOCH_BASE_KEY: EPOCH_BASE,
+                "arch": self.cfg.model.arch, "num_classes": self.model_num_classes(), "config_hash": self.config_hash}
 
     def model_num_classes(self) -> int:
         """Number of output channels, read from the training masks."""
@@ -239,7 +258,8 @@ class Trainer:
         """
         cfg = self.cfg
         set_full_determinism(cfg.full_determinism)
-        best: dict[str, Any] = {"value": -math.inf if self.maximize else math.inf, "epoch": -1}
+        # best["epoch"]: 1-based epoch of the best checkpoint, 0 = none yet
+        best: dict[str, Any] = {"value": -math.inf if self.maximize else math.inf, "epoch": 0}
         early: dict[str, Any] = {"bad_epochs": 0, "stopped": False}
         history: list[dict[str, Any]] = []
         start = 0
@@ -251,16 +271,17 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             set_rng_state(state["rng"])
             best, early, history = state["best"], state["early_stopping"], state["history"]
-            start = state["epoch"] + 1
+            start = int(state["epoch"])  # epochs finished (load_state converts old 0-based states)
             self.log(f"resuming from epoch {start + 1} (state/train_state.pt)" if not state.get("finished")
                      else "training already finished, skipped")
             if state.get("finished"):
                 return TrainResult(start, best["epoch"], best["value"], early["stopped"], True, history)
         metric_key = {"dice": "val_dice", "iou": "val_iou", "loss": "val_loss"}[cfg.checkpoint.metric]
         save_roles = set(cfg.checkpoint.save)
-        epoch = start - 1
-        for epoch in range(start, cfg.train.epochs):
-            seed = epoch_seed(cfg.random_seed, epoch)
+        epoch = start  # 1-based number of the last finished epoch
+        for index in range(start, cfg.train.epochs):
+            epoch = index + 1
+            seed = epoch_seed(cfg.random_seed, index)  # 0-based index: the seeds of older runs are unchanged
             seed_everything(seed)
             t0 = time.perf_counter()
             train_loss, seen = self._train_epoch(epoch, seed)
@@ -284,14 +305,14 @@ class Trainer:
             if "latest" in save_roles:
                 save_checkpoint(self.run_dir, "latest", self._ckpt_payload(epoch), epoch,
                                 cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
-            history.append({"epoch": epoch + 1, "train_loss": round(train_loss, 6),
+            history.append({"epoch": epoch, "train_loss": round(train_loss, 6),
                             "val_loss": round(val["val_loss"], 6), "val_dice": round(val["val_dice"], 6),
                             "val_iou": round(val["val_iou"], 6), "lr": lr, "train_seconds": round(train_s, 3),
                             "train_images_per_s": round(seen / train_s, 2) if train_s > 0 else 0.0})
             if cfg.train.early_stopping and early["bad_epochs"] >= cfg.train.early_stopping.patience:
                 early["stopped"] = True
-            finished = early["stopped"] or epoch + 1 >= cfg.train.epochs
-            if finished and best["epoch"] < 0 and "best" in save_roles:
+            finished = early["stopped"] or epoch >= cfg.train.epochs
+            if finished and best["epoch"] < EPOCH_BASE and "best" in save_roles:
                 # no finite selection value in any epoch (e.g. an all-empty validation split): fall back to last
                 best = {"value": float(value), "epoch": epoch}
                 save_checkpoint(self.run_dir, "best", self._ckpt_payload(epoch), epoch,
@@ -299,12 +320,12 @@ class Trainer:
             h = history[-1]
             self.log(f"epoch {h['epoch']}/{cfg.train.epochs}: train_loss {h['train_loss']:.4f}  "
                      f"val_loss {h['val_loss']:.4f}  val_dice {h['val_dice']:.4f}  "
-                     f"({h['train_images_per_s']:.1f} img/s){'  *best*' if improved else ''}")
+                     f"({h['train_images_per_s']:.1f} img/s){'  *best*' if best['epoch'] == epoch else ''}")
             self._write_log(history)
             save_state(self.run_dir, self._state(epoch, best, early, history, finished))
             stop = bool(on_epoch_end(dict(h))) if on_epoch_end is not None else False
             if finished:
                 break
-            if stop or (stop_after_epoch is not None and epoch + 1 >= stop_after_epoch):
-                return TrainResult(epoch + 1, best["epoch"], best["value"], False, False, history)
-        return TrainResult(epoch + 1, best["epoch"], best["value"], early["stopped"], True, history)
+            if stop or (stop_after_epoch is not None and epoch >= stop_after_epoch):
+                return TrainResult(epoch, best["epoch"], best["value"], False, False, history)
+        return TrainResult(epoch, best["epoch"], best["value"], early["stopped"], True, history)

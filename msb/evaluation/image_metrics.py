@@ -42,6 +42,7 @@ from msb.utils.atomic import atomic_write_with
 
 __all__ = [
     "CONTEXT_COLUMNS",
+    "CONVENTION_COLUMNS",
     "compute_image_metrics",
     "metrics_table_from_predictions",
     "nsd_column",
@@ -269,9 +270,27 @@ def write_run_metrics(run_dir: Path, config: MetricsConfig) -> list[Path]:
 
 _DISTANCE_PREFIXES = empty_policy.DISTANCE_KEYS
 
+#: Convention columns of a metrics table: convention column -> test for the metric columns it governs.
+CONVENTION_COLUMNS: dict[str, str] = {"hd_convention": "distances (hd, hd95, assd, masd, directed)",
+                                      "nsd_convention": "nsd_tau*"}
+
+
+def _governed(conv_col: str, metric_cols: Sequence[str]) -> list[str]:
+    """The metric columns whose values depend on ``conv_col``."""
+    if conv_col == "hd_convention":
+        return [c for c in metric_cols if c in _DISTANCE_PREFIXES]
+    return [c for c in metric_cols if c.startswith("nsd_tau")]
+
 
 def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) -> pd.DataFrame:
-    """Summarise a metrics table per group: image means with NaNs excluded, and pooled lesion scores.
+    """Summarise a metrics table per group and convention: image means with NaNs excluded, pooled lesion scores.
+
+    Distances (HD, HD95, ASSD, MASD, directed) and NSD depend on their convention (``hd_convention``,
+    ``nsd_convention``; e.g. HD95 of one case is 175.43 under ``medpy`` and 356.18 under
+    ``metrics_reloaded``), so values of different conventions are never averaged: the convention columns
+    present in the table are always added to the grouping and kept in the output. A table holding two HD
+    conventions gives two ``hd95`` rows, one per convention (and every other metric is likewise summarised
+    per convention group, so rows of one image scored under two conventions are not pooled twice).
 
     For every metric column (distances, ``nsd_*``, lesion ratios, scalar ``legacy_*``) and group:
     ``value`` = mean over rows with a non-NaN value (aggregation ``image_mean``), ``n_used`` = rows in the
@@ -282,14 +301,19 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     ``legacy_maxdice`` (aggregation ``threshold_curve``; ``legacy.polyp_mdice``).
 
     Args:
-        table: output of :func:`metrics_table_from_predictions` (or ``metrics.parquet``).
-        by: grouping columns (must exist); ``()`` for one overall group.
+        table: output of :func:`metrics_table_from_predictions` (or ``metrics.parquet``); distances in
+            spacing units (mm or px), NSD in [0, 1].
+        by: grouping columns (must exist); ``()`` for one overall group. ``hd_convention`` and
+            ``nsd_convention`` are appended when present and not already listed.
 
     Returns:
-        Long DataFrame: ``*by, metric, aggregation, value, n_used, n_nan, n_policy, n_rows``.
+        Long DataFrame: ``*by, hd_convention, nsd_convention, metric, aggregation, value, n_used, n_nan,
+        n_policy, n_rows`` (a convention column only when the table has it); ``value`` float64, counts int.
 
     Raises:
-        ValueError: a grouping column is missing, or the table holds ``inf`` (policy violated).
+        ValueError: a grouping column is missing; the table holds ``inf`` (policy violated); distance (or
+            NSD) columns without an ``hd_convention`` (``nsd_convention``) column, or rows where it is empty
+            (their convention is unknown, so they cannot be summarised without risking a mixed mean).
     """
     by = list(by)
     missing = [c for c in by if c not in table.columns]
@@ -301,14 +325,26 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
                    or (c.startswith("legacy_") and c != "legacy_dice_curve")]
     if metric_cols and np.isinf(table[metric_cols].to_numpy(dtype=np.float64)).any():
         raise ValueError("metrics table contains inf: every empty-mask case must follow the policy table")
+    for conv, what in CONVENTION_COLUMNS.items():
+        governed = _governed(conv, metric_cols)
+        if not governed:
+            continue
+        if conv not in table.columns:
+            raise ValueError(f"metrics table has {what} columns {governed[:3]} but no '{conv}' column: their "
+                             f"convention is unknown; recompute the table (msb metrics RUN_DIR)")
+        blank = table[conv].isna() | (table[conv].astype(str).str.strip() == "")
+        if blank.any():
+            raise ValueError(f"metrics table: {int(blank.sum())} row(s) with an empty '{conv}': their {what} "
+                             f"cannot be summarised with the others; recompute the table (msb metrics RUN_DIR)")
+    keys = by + [c for c in CONVENTION_COLUMNS if c in table.columns and c not in by]
     one_sided = table["empty_case"].isin(["ref_empty", "pred_empty"]) if "empty_case" in table else None
     rule_keys = sorted({c[len("lesion_"):-len("_tp_pred")] for c in table.columns
                         if c.startswith("lesion_") and c.endswith("_tp_pred")})
-    groups = table.groupby(by, sort=True, dropna=False) if by else [((), table)]
+    groups = table.groupby(keys, sort=True, dropna=False) if keys else [((), table)]
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        base = dict(zip(by, key))
+        base = dict(zip(keys, key))
         for col in metric_cols:
             vals = g[col].astype(np.float64)
             used = vals.notna()
@@ -334,5 +370,5 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
             for name, v in polyp_mdice(curves).items():
                 out.append({**base, "metric": f"legacy_{name}", "aggregation": "threshold_curve", "value": v,
                             "n_used": int(len(g)), "n_nan": 0, "n_policy": 0, "n_rows": int(len(g))})
-    return pd.DataFrame(out, columns=[*by, "metric", "aggregation", "value", "n_used", "n_nan", "n_policy",
+    return pd.DataFrame(out, columns=[*keys, "metric", "aggregation", "value", "n_used", "n_nan", "n_policy",
                                       "n_rows"])

@@ -72,8 +72,10 @@ def test_resume_is_bitwise_identical(tmp_path: Path, synth_root: Path):
     res_b1 = train_run(part, tmp_path / "b" / "run", ds, stop_after_epoch=1)
     assert not res_b1.finished and res_b1.epochs_done == 1
     state = torch.load(tmp_path / "b" / "run" / "state" / "train_state.pt", weights_only=False)
-    assert state["epoch"] == 0 and set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng",
-                                                  "early_stopping", "best"}
+    # 1-based: one finished epoch is epoch 1, as its train_log.csv row
+    assert state["epoch"] == 1 and state["epoch_base"] == 1
+    assert [h["epoch"] for h in state["history"]] == [1]
+    assert set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng", "early_stopping", "best"}
     res_b2 = train_run(part, tmp_path / "b" / "run", ds)
     assert res_b2.finished and res_b2.epochs_done == 3
 
@@ -82,8 +84,11 @@ def test_resume_is_bitwise_identical(tmp_path: Path, synth_root: Path):
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
-    assert res_a.history == res_b2.history or [h["val_dice"] for h in res_a.history] == \
-        [h["val_dice"] for h in res_b2.history]
+    # every logged value except the wall-clock timings is the same as in the uninterrupted run
+    timing = {"train_seconds", "train_images_per_s"}
+    assert [h["epoch"] for h in res_b2.history] == [1, 2, 3]
+    assert [{k: v for k, v in h.items() if k not in timing} for h in res_b2.history] == \
+        [{k: v for k, v in h.items() if k not in timing} for h in res_a.history]
 
     # a finished run is not trained again
     res_again = train_run(part, tmp_path / "b" / "run", ds)
@@ -100,7 +105,7 @@ def test_checkpoint_records_and_sha_verification(tmp_path: Path, synth_root: Pat
     for role, rec in records.items():
         assert rec["sha256"] == sha256_file(run_dir / "checkpoints" / f"{role}.pt")
         assert rec["selection_split"] == "val" and rec["metric"] == "dice"
-    assert records["latest"]["epoch"] == 1
+    assert records["latest"]["epoch"] == 2 and records["latest"]["epoch_base"] == 1  # the last of 2 epochs
     paths = evaluate_run(run_dir, ["best"], ds)
     assert paths[0].is_file()
     # tamper with the checkpoint: evaluation must refuse it
@@ -141,3 +146,78 @@ def test_corrupt_resume_state_is_a_clear_error(tmp_path: Path, synth_root: Path)
     os.utime(sha, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns - 10**9))
     res = train_run(run, run_dir, ds)
     assert res.finished and res.epochs_done == 2
+
+
+def test_best_epoch_is_one_based_everywhere(tmp_path: Path, synth_root: Path):
+    """2 epochs: the best checkpoint's epoch in records.json, manifest.json, the checkpoint file, the resume
+    state and TrainResult is the ``epoch`` of the train_log.csv row with the highest val_dice (checkpoint
+    metric dice, no early stopping: the first maximum), and the console marks that row's line ``*best*``;
+    latest is epoch 2 (the last)."""
+    import re
+
+    import pandas as pd
+
+    from msb.engine.runner import write_manifest
+
+    ds = load_prepared_dataset(synth_root)
+    run = _run(tmp_path, synth_root, epochs=2)
+    run_dir = tmp_path / "run"
+    lines: list[str] = []
+    res = train_run(run, run_dir, ds, log=lines.append)
+    log = pd.read_csv(run_dir / "train_log.csv")
+    assert log["epoch"].tolist() == [1, 2]
+    expected_best = int(log["epoch"].iloc[int(log["val_dice"].to_numpy().argmax())])
+
+    records = json.loads((run_dir / "checkpoints" / "records.json").read_text())
+    assert records["best"]["epoch"] == expected_best and records["latest"]["epoch"] == 2
+    assert {r["epoch_base"] for r in records.values()} == {1}
+    assert records["best"]["value"] == pytest.approx(float(log["val_dice"].max()), abs=1e-6)
+    assert res.best_epoch == expected_best and res.epochs_done == 2
+    best_pt = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)
+    assert best_pt["epoch"] == expected_best and best_pt["epoch_base"] == 1
+    state = torch.load(run_dir / "state" / "train_state.pt", weights_only=False)
+    assert (state["epoch"], state["best"]["epoch"], state["epoch_base"]) == (2, expected_best, 1)
+    write_manifest(run_dir, run, "cpu")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["checkpoints"]["best"]["epoch"] == expected_best
+
+    epoch_lines = [m for m in (re.match(r"epoch (\d+)/2: .*", ln) for ln in lines) if m]
+    assert [int(m.group(1)) for m in epoch_lines] == [1, 2]
+    marked = [int(m.group(1)) for m in epoch_lines if m.group(0).endswith("*best*")]
+    assert marked[-1] == expected_best
+    # a later line is marked only when it improved on the earlier ones
+    assert marked == ([1, 2] if expected_best == 2 else [1])
+
+
+def test_old_zero_based_run_folder_resumes_one_based(tmp_path: Path, synth_root: Path):
+    """A run folder interrupted after epoch 1 by an msb that stored 0-based epochs (state epoch 0, best
+    epoch 0, records epoch 0, no epoch_base) resumes at epoch 2 and ends with 1-based files: train_log
+    epochs [1, 2], latest = epoch 2, best = the argmax row of train_log.csv."""
+    import pandas as pd
+
+    from msb.models.checkpoint import save_state
+
+    ds = load_prepared_dataset(synth_root)
+    run = _run(tmp_path, synth_root, epochs=2)
+    run_dir = tmp_path / "run"
+    train_run(run, run_dir, ds, stop_after_epoch=1)
+    state = torch.load(run_dir / "state" / "train_state.pt", weights_only=False)
+    del state["epoch_base"]
+    state["epoch"] -= 1
+    state["best"]["epoch"] -= 1
+    save_state(run_dir, state)
+    rec_path = run_dir / "checkpoints" / "records.json"
+    old = {k: {f: v for f, v in r.items() if f != "epoch_base"} | {"epoch": r["epoch"] - 1}
+           for k, r in json.loads(rec_path.read_text()).items()}
+    assert {r["epoch"] for r in old.values()} == {0}
+    rec_path.write_text(json.dumps(old))
+
+    lines: list[str] = []
+    res = train_run(run, run_dir, ds, log=lines.append)
+    assert any("resuming from epoch 2 (" in ln for ln in lines), lines
+    log = pd.read_csv(run_dir / "train_log.csv")
+    assert log["epoch"].tolist() == [1, 2] and res.epochs_done == 2 and res.finished
+    records = json.loads(rec_path.read_text())
+    assert records["latest"]["epoch"] == 2
+    assert records["best"]["epoch"] == int(log["epoch"].iloc[int(log["val_dice"].to_numpy().argmax())])
+    assert {r["epoch_base"] for r in records.values()} == {1}

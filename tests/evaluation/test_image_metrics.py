@@ -149,6 +149,68 @@ def test_summary_counts_nan_and_policy_rows():
         summarize_metrics(bad)
 
 
+def _mixed_convention_table() -> pd.DataFrame:
+    """Hand-made metrics rows of one class scored under two HD conventions (one real case: HD95 175.43 under
+    medpy, 356.18 under MetricsReloaded), with a both-empty row (NaN) and lesion counts."""
+    rows = [
+        # hd_convention, hd95, assd, nsd, empty_case, lesion any_overlap tp, fn, tp_pred, fp
+        ("medpy", 175.43, 20.0, 0.25, "none", 1, 0, 1, 1),
+        ("medpy", 10.0, 2.0, 0.75, "none", 0, 1, 0, 0),
+        ("metrics_reloaded", 356.18, 20.0, 0.25, "none", 1, 0, 1, 1),
+        ("metrics_reloaded", 20.0, 2.0, 0.75, "none", 1, 1, 1, 0),
+        ("metrics_reloaded", np.nan, np.nan, np.nan, "both_empty", 0, 0, 0, 0),
+    ]
+    t = pd.DataFrame(rows, columns=["hd_convention", "hd95", "assd", "nsd_tau1px", "empty_case",
+                                    "lesion_any_overlap_tp", "lesion_any_overlap_fn",
+                                    "lesion_any_overlap_tp_pred", "lesion_any_overlap_fp"])
+    return t.assign(class_id=1, nsd_convention="metrics_reloaded", image_id=[f"i{k}" for k in range(len(t))])
+
+
+def test_summary_never_averages_two_hd_conventions():
+    """Two conventions in one table give two hd95 values, each the mean of its own rows (hand):
+    medpy (175.43 + 10) / 2 = 92.715, MetricsReloaded (356.18 + 20) / 2 = 188.09 (NaN row excluded), never the
+    mixed (175.43 + 356.18) / 2 = 265.805 of the first case. Every other metric is also split: pooled lesion
+    sensitivity medpy 1/2, MetricsReloaded 2/3."""
+    table = _mixed_convention_table()
+    s = summarize_metrics(table)
+    assert list(s.columns[:3]) == ["class_id", "hd_convention", "nsd_convention"]
+    hd95 = s[(s["metric"] == "hd95") & (s["aggregation"] == "image_mean")].set_index("hd_convention")
+    assert sorted(hd95.index) == ["medpy", "metrics_reloaded"]
+    assert hd95.loc["medpy", "value"] == pytest.approx(92.715, abs=1e-12)
+    assert hd95.loc["metrics_reloaded", "value"] == pytest.approx(188.09, abs=1e-12)
+    assert (hd95.loc["medpy", "n_used"], hd95.loc["metrics_reloaded", "n_used"]) == (2, 2)
+    assert hd95.loc["metrics_reloaded", "n_nan"] == 1
+    assert not np.isclose(s.loc[s["metric"] == "hd95", "value"], 265.805).any()
+    sens = s[s["metric"] == "lesion_any_overlap_sensitivity"].set_index("hd_convention")["value"]
+    assert sens["medpy"] == 0.5 and sens["metrics_reloaded"] == pytest.approx(2 / 3)
+    nsd = s[s["metric"] == "nsd_tau1px"].set_index("hd_convention")["value"]
+    assert (nsd["medpy"], nsd["metrics_reloaded"]) == (0.5, 0.5)
+    # naming the convention in ``by`` gives the same split, without a duplicate column
+    s2 = summarize_metrics(table, by=("hd_convention",))
+    assert list(s2.columns[:2]) == ["hd_convention", "nsd_convention"]
+    h2 = s2[s2["metric"] == "hd95"].set_index("hd_convention")["value"]
+    assert h2.to_dict() == pytest.approx({"medpy": 92.715, "metrics_reloaded": 188.09})
+    # overall summary (no grouping) is still split by convention
+    s3 = summarize_metrics(table, by=())
+    assert s3[s3["metric"] == "hd95"]["value"].tolist() == pytest.approx([92.715, 188.09])
+
+
+def test_summary_refuses_distances_of_unknown_convention():
+    """Distance or NSD columns without their convention column, or rows with it empty, are refused."""
+    table = _mixed_convention_table()
+    with pytest.raises(ValueError, match=r"no 'hd_convention' column"):
+        summarize_metrics(table.drop(columns="hd_convention"))
+    with pytest.raises(ValueError, match=r"no 'nsd_convention' column"):
+        summarize_metrics(table.drop(columns="nsd_convention"))
+    with pytest.raises(ValueError, match=r"1 row\(s\) with an empty 'hd_convention'"):
+        summarize_metrics(table.assign(hd_convention=["medpy", None, "medpy", "medpy", "medpy"]))
+    # without distance/NSD columns no convention is needed
+    lesion_only = table.drop(columns=["hd_convention", "nsd_convention", "hd95", "assd", "nsd_tau1px"])
+    s = summarize_metrics(lesion_only)
+    assert "hd_convention" not in s.columns
+    assert s.set_index("metric").loc["lesion_any_overlap_sensitivity", "value"] == pytest.approx(3 / 5)
+
+
 def test_write_metrics_table_round_trip(tmp_path):
     """Two stored predictions, two classes each, spacing (0.5, 0.5) mm on image b. Expected (hand):
     image a: class 1 identical -> HD95 0; class 2 = the HD95-4 pair -> 4 (spacing 1).
