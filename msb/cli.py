@@ -6,6 +6,7 @@ A user error (:class:`msb.errors.MSBError`: bad config, bad data, missing file) 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional

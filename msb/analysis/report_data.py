@@ -16,6 +16,7 @@ from msb.analysis.figures import overlay_grid, overlay_rgb
 from msb.analysis.rules import ImageTable, aggregate_rules, unit_scores
 from msb.analysis.systems import System, align_tables
 from msb.errors import MSBError
+from msb.evaluation.image_metrics import CONVENTION_COLUMNS, SETTING_COLUMNS
 
 __all__ = ["BOUNDARY_PREFIXES", "BlockData", "analyse_blocks", "boundary_scores", "overlay_figure",
            "system_scores"]
@@ -100,6 +101,16 @@ class BlockData:
     boundary: pd.DataFrame
 
 
+def _metric_settings(m: pd.DataFrame) -> list[str]:
+    """Distinct distance/NSD settings (conventions, boundary connectivity, tau unit) among metrics rows, as
+    ``key=value, ...`` strings (sorted; one entry when the rows agree)."""
+    cols = [c for c in (*CONVENTION_COLUMNS, *SETTING_COLUMNS) if c in m.columns]
+    if not cols or m.empty:
+        return []
+    combos = m[cols].astype(str).drop_duplicates()
+    return sorted(", ".join(f"{c}={v}" for c, v in zip(cols, row)) for row in combos.itertuples(index=False))
+
+
 def analyse_blocks(blocks: dict[tuple[str, str], list[System]], metrics_df: pd.DataFrame | None,
                    rules: Sequence[str], metrics: Sequence[str], n_boot: int, level: float, seed: int,
                    notes: list[str]) -> dict[tuple[str, str], BlockData]:
@@ -118,15 +129,23 @@ def analyse_blocks(blocks: dict[tuple[str, str], list[System]], metrics_df: pd.D
     block_data = {}
     for key, systems in blocks.items():
         tables: dict[str, ImageTable] = {}
+        rows = {}
+        if metrics_df is not None:
+            rows = {s.label: metrics_df[metrics_df["run_id"].astype(str).isin(s.run_ids)
+                                        & (metrics_df["checkpoint_role"].astype(str) == s.checkpoint_role)]
+                    for s in systems}
+            settings = _metric_settings(pd.concat(list(rows.values()), ignore_index=True))
+            if len(settings) > 1:  # distances of different conventions are neither averaged nor compared
+                notes.append(f"{key[0]}/{key[1]}: boundary metrics left out: the evaluations use different "
+                             f"conventions ({'; '.join(settings)}); recompute them with one (msb metrics)")
+                rows = {}
         for s in systems:
             t = s.table()
-            if metrics_df is not None:
-                m = metrics_df[metrics_df["run_id"].astype(str).isin(s.run_ids)
-                               & (metrics_df["checkpoint_role"].astype(str) == s.checkpoint_role)]
-                if len(m):
-                    cols = [c for c in m.columns if c.startswith(BOUNDARY_PREFIXES) and m[c].dtype.kind == "f"
-                            and not c.startswith(("hd95_", "asd_"))]
-                    t = t.with_metrics(m, cols)
+            m = rows.get(s.label)
+            if m is not None and len(m):
+                cols = [c for c in m.columns if c.startswith(BOUNDARY_PREFIXES) and m[c].dtype.kind == "f"
+                        and not c.startswith(("hd95_", "asd_"))]
+                t = t.with_metrics(m, cols)
             tables[s.label] = t
         scores = system_scores(systems, tables, rules, metrics, n_boot, level, seed)
         boundary = boundary_scores(systems, tables, n_boot, level, seed)

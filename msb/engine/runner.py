@@ -95,8 +95,8 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
     manifest: dict[str, Any] = {
         "run_id": run.run_id, "study": run.config.study, "config_hash": run.config_hash,
         "split_sha256": sha256_file(split_path) if split_path.is_file() else None,
-        "checkpoints": {k: {"sha256": v.sha256, "epoch": v.epoch, "metric": v.metric, "value": v.value,
-                            "selection_split": v.selection_split} for k, v in records.items()},
+        "checkpoints": {k: {"sha256": v.sha256, "epoch": v.epoch, "epoch_base": v.epoch_base, "metric": v.metric,
+                            "value": v.value, "selection_split": v.selection_split} for k, v in records.items()},
         "versions": _versions(), "device": device, "platform": platform.platform(),
     }
     manifest.update(extra or {})

@@ -275,6 +275,11 @@ CONVENTION_COLUMNS: dict[str, str] = {"hd_convention": "distances (hd, hd95, ass
                                       "nsd_convention": "nsd_tau*"}
 
 
+#: Further settings that change distance / NSD values (erosion neighbourhood of the boundary, unit of tau):
+#: also kept in the grouping of :func:`summarize_metrics` when present, so they are never averaged together.
+SETTING_COLUMNS: tuple[str, ...] = ("boundary_connectivity", "nsd_tolerance_unit")
+
+
 def _governed(conv_col: str, metric_cols: Sequence[str]) -> list[str]:
     """The metric columns whose values depend on ``conv_col``."""
     if conv_col == "hd_convention":
@@ -303,11 +308,12 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     Args:
         table: output of :func:`metrics_table_from_predictions` (or ``metrics.parquet``); distances in
             spacing units (mm or px), NSD in [0, 1].
-        by: grouping columns (must exist); ``()`` for one overall group. ``hd_convention`` and
-            ``nsd_convention`` are appended when present and not already listed.
+        by: grouping columns (must exist); ``()`` for one overall group. ``hd_convention``,
+            ``nsd_convention``, ``boundary_connectivity`` and ``nsd_tolerance_unit`` are appended when present
+            and not already listed (each changes distance or NSD values).
 
     Returns:
-        Long DataFrame: ``*by, hd_convention, nsd_convention, metric, aggregation, value, n_used, n_nan,
+        Long DataFrame: ``*by, hd_convention, nsd_convention, boundary_connectivity, nsd_tolerance_unit, metric, aggregation, value, n_used, n_nan,
         n_policy, n_rows`` (a convention column only when the table has it); ``value`` float64, counts int.
 
     Raises:
@@ -336,7 +342,7 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
         if blank.any():
             raise ValueError(f"metrics table: {int(blank.sum())} row(s) with an empty '{conv}': their {what} "
                              f"cannot be summarised with the others; recompute the table (msb metrics RUN_DIR)")
-    keys = by + [c for c in CONVENTION_COLUMNS if c in table.columns and c not in by]
+    keys = by + [c for c in (*CONVENTION_COLUMNS, *SETTING_COLUMNS) if c in table.columns and c not in by]
     one_sided = table["empty_case"].isin(["ref_empty", "pred_empty"]) if "empty_case" in table else None
     rule_keys = sorted({c[len("lesion_"):-len("_tp_pred")] for c in table.columns
                         if c.startswith("lesion_") and c.endswith("_tp_pred")})

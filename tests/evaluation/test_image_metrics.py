@@ -282,3 +282,16 @@ def test_config_validation():
         with pytest.raises(ValidationError):
             MetricsConfig(**bad)
     assert MetricsConfig().hd_convention == "metrics_reloaded"
+
+
+def test_summary_splits_boundary_connectivity_and_tau_unit():
+    """Two boundary connectivities under one HD convention are two hd95 rows (hand means 3 and 10), never
+    their pooled mean 6.5 (distances differ with the erosion neighbourhood)."""
+    table = pd.DataFrame({"class_id": [1] * 4, "hd_convention": ["medpy"] * 4, "boundary_connectivity": [4, 4, 8, 8],
+                          "nsd_convention": ["medpy"] * 4, "nsd_tolerance_unit": ["px", "px", "mm", "mm"],
+                          "hd95": [2.0, 4.0, 9.0, 11.0], "nsd_tau1px": [1.0, 0.5, 0.25, 0.75]})
+    s = summarize_metrics(table)
+    hd95 = s[s["metric"] == "hd95"].set_index("boundary_connectivity")["value"]
+    assert hd95.to_dict() == {4: 3.0, 8: 10.0}
+    nsd = s[s["metric"] == "nsd_tau1px"].set_index("nsd_tolerance_unit")["value"]
+    assert nsd.to_dict() == {"mm": 0.5, "px": 0.75}
