@@ -6,6 +6,10 @@
 * :func:`ranking_changes`: rank of each system under every (aggregation rule, metric) — a bump chart;
 * :func:`dice_vs_hd95`: per-image Dice against HD95;
 * :func:`overlay_grid`: qualitative overlays from stored predictions, TP green, FP red, FN blue.
+
+Every chart (not the overlay grid) keeps the values it plots, read back from its matplotlib artists once drawn:
+:func:`figure_data` returns them as a table, so the content of a figure can be checked against the numbers it
+should show.
 """
 
 from __future__ import annotations
@@ -20,18 +24,55 @@ from matplotlib.figure import Figure
 
 from msb.utils.atomic import atomic_path
 
-__all__ = ["OVERLAY_COLORS", "save_figure", "score_distributions", "paired_differences", "ranking_changes",
-           "dice_vs_hd95", "overlay_rgb", "overlay_grid"]
+__all__ = ["OVERLAY_COLORS", "FIGURE_DATA_COLUMNS", "figure_data", "save_figure", "score_distributions",
+           "paired_differences", "ranking_changes", "dice_vs_hd95", "overlay_rgb", "overlay_grid"]
 
 #: RGB colours of the overlay: true positive, false positive, false negative.
 OVERLAY_COLORS = {"tp": (0, 200, 0), "fp": (230, 0, 0), "fn": (0, 80, 255)}
 _DPI = 110
+#: Columns of :func:`figure_data`.
+FIGURE_DATA_COLUMNS: tuple[str, ...] = ("series", "kind", "x", "y", "low", "high", "label")
+_DATA_ATTR = "_msb_plotted"
 
 
 def _figure(w: float, h: float) -> Figure:
     fig = Figure(figsize=(w, h), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def figure_data(fig: Figure) -> pd.DataFrame:
+    """The values a chart of this module plots, read back from its artists (scatter offsets, line data, error-bar
+    segments) after drawing.
+
+    Returns:
+        One row per plotted mark, columns :data:`FIGURE_DATA_COLUMNS`: ``series`` (system or pair label),
+        ``kind`` (``point``: one per-image mark; ``estimate``: the aggregate marker; ``rank``: a bump-chart
+        vertex), ``x``, ``y`` (data coordinates), ``low``/``high`` (the error bar's ends along the CI axis,
+        NaN without a bar), ``label`` (the x tick label of a ``rank`` vertex, else empty). Empty for a
+        figure not drawn by this module.
+    """
+    rows = getattr(fig, _DATA_ATTR, None)
+    return pd.DataFrame(rows or [], columns=list(FIGURE_DATA_COLUMNS))
+
+
+def _record(fig: Figure, series: str, kind: str, xy: np.ndarray, low: float = np.nan, high: float = np.nan,
+            labels: Sequence[str] | None = None) -> None:
+    rows = fig.__dict__.setdefault(_DATA_ATTR, [])
+    xy = np.asarray(xy, dtype=np.float64).reshape(-1, 2)
+    for i, (x, y) in enumerate(xy):
+        rows.append({"series": series, "kind": kind, "x": float(x), "y": float(y), "low": float(low),
+                     "high": float(high), "label": labels[i] if labels is not None else ""})
+
+
+def _record_errorbar(fig: Figure, series: str, container, axis: int) -> None:
+    """Record an ``errorbar`` marker and the ends of its bar along ``axis`` (0 = x, 1 = y)."""
+    line, _, bars = container.lines
+    low = high = np.nan
+    if bars:
+        seg = np.asarray(bars[0].get_segments()[0], dtype=np.float64)
+        low, high = float(seg[:, axis].min()), float(seg[:, axis].max())
+    _record(fig, series, "estimate", line.get_xydata(), low, high)
 
 
 def save_figure(fig: Figure, stem: str | Path) -> tuple[Path, Path]:
@@ -69,15 +110,18 @@ def score_distributions(scores: Mapping[str, np.ndarray], estimates: Mapping[str
     pos = np.arange(1, len(labels) + 1)
     ax.boxplot([d if d.size else [np.nan] for d in data], positions=pos, widths=0.5, showfliers=False,
                medianprops={"color": "0.3"})
-    for p, d in zip(pos, data):
-        ax.scatter(p + rng.uniform(-0.15, 0.15, d.size), d, s=16, alpha=0.7, color="tab:blue", linewidths=0, zorder=3)
+    for p, d, k in zip(pos, data, labels):
+        sc = ax.scatter(p + rng.uniform(-0.15, 0.15, d.size), d, s=16, alpha=0.7, color="tab:blue", linewidths=0,
+                        zorder=3)
+        _record(fig, k, "point", sc.get_offsets())
     for p, k in zip(pos, labels):
         if k in estimates:
             e, lo, hi = estimates[k]
             if np.isfinite(e):
                 yerr = np.array([[e - lo], [hi - e]]) if np.isfinite(lo) and np.isfinite(hi) else None
-                ax.errorbar(p + 0.3, e, yerr=yerr, fmt="D", color="black", capsize=4, ms=5,
-                            label="aggregate (CI)" if p == 1 else None)
+                eb = ax.errorbar(p + 0.3, e, yerr=yerr, fmt="D", color="black", capsize=4, ms=5,
+                                 label="aggregate (CI)" if p == 1 else None)
+                _record_errorbar(fig, k, eb, axis=1)
     ax.set_xticks(pos, labels, rotation=20, ha="right")
     ax.set_ylabel(metric_label)
     ax.set_title(title or f"{metric_label} per image")
@@ -101,12 +145,14 @@ def paired_differences(diffs: Mapping[str, np.ndarray], estimates: Mapping[str, 
     for i, k in enumerate(labels):
         d = np.asarray(diffs[k], dtype=np.float64)
         d = d[np.isfinite(d)]
-        ax.scatter(d, i + rng.uniform(-0.18, 0.18, d.size), s=9, alpha=0.45, color="tab:orange", linewidths=0)
+        sc = ax.scatter(d, i + rng.uniform(-0.18, 0.18, d.size), s=9, alpha=0.45, color="tab:orange", linewidths=0)
+        _record(fig, k, "point", sc.get_offsets())
         if k in estimates:
             e, lo, hi = estimates[k]
             if np.isfinite(e):
                 xerr = np.array([[e - lo], [hi - e]]) if np.isfinite(lo) and np.isfinite(hi) else None
-                ax.errorbar(e, i, xerr=xerr, fmt="D", color="black", capsize=4, ms=5)
+                eb = ax.errorbar(e, i, xerr=xerr, fmt="D", color="black", capsize=4, ms=5)
+                _record_errorbar(fig, k, eb, axis=0)
     ax.axvline(0.0, color="0.4", lw=1, ls="--")
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(-0.6, len(labels) - 0.4)
@@ -129,7 +175,8 @@ def ranking_changes(ranks: pd.DataFrame, title: str = "Rank under each aggregati
     for s in systems:
         g = ranks[ranks["system"] == s].set_index(["aggregation", "metric"])["rank"]
         y = [float(g.get(p, np.nan)) for p in pairs]
-        ax.plot(range(len(pairs)), y, marker="o", label=s)
+        (line,) = ax.plot(range(len(pairs)), y, marker="o", label=s)
+        _record(fig, s, "rank", line.get_xydata(), labels=[f"{a}/{m}" for a, m in pairs])
     ax.set_xticks(range(len(pairs)), xl, fontsize=7, rotation=45, ha="right")
     ax.set_yticks(range(1, len(systems) + 1))
     ax.set_ylim(len(systems) + 0.5, 0.5)
@@ -148,7 +195,8 @@ def dice_vs_hd95(points: Mapping[str, tuple[np.ndarray, np.ndarray]], title: str
         d = np.asarray(d, dtype=np.float64)
         h = np.asarray(h, dtype=np.float64)
         ok = np.isfinite(d) & np.isfinite(h)
-        ax.scatter(d[ok], h[ok], s=14, alpha=0.7, label=f"{k} (n={int(ok.sum())})")
+        sc = ax.scatter(d[ok], h[ok], s=14, alpha=0.7, label=f"{k} (n={int(ok.sum())})")
+        _record(fig, k, "point", sc.get_offsets())
     ax.set_xlabel("Dice per image")
     ax.set_ylabel(f"HD95 per image ({unit})")
     ax.set_title(title or "Dice vs HD95")

@@ -150,8 +150,162 @@ def test_report_has_every_section_figure_and_checklist_item(study: Path):
     ok = ~(np.isnan(a) | np.isnan(b))
     w = wil[wil["metric"] == "dice"].iloc[0]
     assert w["n"] == ok.sum() and w["test"].startswith("Wilcoxon signed-rank")
-    if (a[ok] != b[ok]).any():
-        assert w["p_value"] == pytest.approx(stats.wilcoxon(a[ok], b[ok]).pvalue, rel=1e-12)
+    # the two runs differ only by their seed (initial weights, data order), so their per-image Dice differ and
+    # the p-value is always checked (test_wilcoxon_of_two_different_systems_matches_scipy: more differences)
+    assert (a[ok] != b[ok]).any(), (a, b)
+    assert w["p_value"] == pytest.approx(stats.wilcoxon(a[ok], b[ok]).pvalue, rel=1e-12)
+    assert w["statistic"] == pytest.approx(stats.wilcoxon(a[ok], b[ok]).statistic, rel=1e-12)
+
+
+def _per_image_dice(counts: pd.DataFrame) -> pd.DataFrame:
+    """Per-image Dice (one class) of every system, by hand with pandas: rows image_id, columns system."""
+    c = counts.assign(system=counts["run_id"].str.removeprefix("synthetic-"))
+    den = 2 * c["tp"] + c["fp"] + c["fn"]
+    c["dice"] = 2 * c["tp"] / den.where(den > 0)
+    return c.pivot(index="image_id", columns="system", values="dice")
+
+
+def test_report_figures_plot_the_counts_and_boundary_matches_metrics(study: Path, tmp_path: Path, monkeypatch):
+    """The figures' plotted values (read back from their artists by ``figures.figure_data`` when the report
+    saves them) equal per-image Dice computed with pandas from the stored counts and HD95 from the stored
+    metrics tables; the boundary section equals the metrics tables' image means, medians and NaN counts."""
+    from msb.analysis.figures import figure_data
+
+    plotted: dict[str, pd.DataFrame] = {}
+    save = report_doc.save_figure
+
+    def capture(fig, stem):  # records what was drawn, then saves as usual
+        plotted[Path(stem).name] = figure_data(fig)
+        return save(fig, stem)
+
+    monkeypatch.setattr(report_doc, "save_figure", capture)
+    res = build_report(study, tmp_path / "rep", n_boot=100, seed=3)
+    data = res.out_dir / "data"
+    dice = _per_image_dice(_counts(study))
+    labels = sorted(dice.columns)
+    assert len(labels) == 2
+    image_macro = dice.mean()  # pandas skips NaN: the image-macro Dice of a one-class system
+    scores = pd.read_csv(data / "scores.csv")
+
+    # score distributions: every defined per-image Dice as a point, the image-macro Dice with its CI
+    fig = plotted["score-distributions"]
+    for lab in labels:
+        pts = fig[(fig["series"] == lab) & (fig["kind"] == "point")]["y"].sort_values().to_numpy()
+        np.testing.assert_allclose(pts, np.sort(dice[lab].dropna().to_numpy()), rtol=0, atol=1e-12)
+        est = fig[(fig["series"] == lab) & (fig["kind"] == "estimate")].iloc[0]
+        ci = scores[(scores["system"] == lab) & (scores["aggregation"] == "image-macro")
+                    & (scores["metric"] == "dice")].iloc[0]
+        assert est["y"] == pytest.approx(image_macro[lab], abs=1e-12)
+        assert (est["low"], est["high"]) == pytest.approx((ci["ci_low"], ci["ci_high"]), abs=1e-12)
+        assert est["low"] < est["y"] < est["high"]
+
+    # paired differences: per-image a - b on the images where both are defined; the image-macro difference
+    fig = plotted["paired-differences"]
+    a, b = labels
+    both = dice[[a, b]].dropna()
+    pair = f"{a} − {b}"
+    assert set(fig["series"]) == {pair}
+    pts = fig[fig["kind"] == "point"]["x"].sort_values().to_numpy()
+    np.testing.assert_allclose(pts, np.sort((both[a] - both[b]).to_numpy()), rtol=0, atol=1e-12)
+    est = fig[fig["kind"] == "estimate"].iloc[0]
+    diff = pd.read_csv(data / "paired-differences.csv")
+    diff = diff[diff["aggregation"] == "image-macro"].iloc[0]
+    assert est["x"] == pytest.approx(image_macro[a] - image_macro[b], abs=1e-12)
+    assert (est["low"], est["high"]) == pytest.approx((diff["ci_low"], diff["ci_high"]), abs=1e-12)
+
+    # ranking changes: rank 1 = higher Dice, or lower mean HD95
+    metrics = pd.concat([pd.read_parquet(p) for p in sorted(study.glob("*/evaluation/best/metrics.parquet"))])
+    metrics["system"] = metrics["run_id"].str.removeprefix("synthetic-")
+    counts = _counts(study).assign(system=lambda d: d["run_id"].str.removeprefix("synthetic-"))
+    pooled = counts.groupby("system")[["tp", "fp", "fn"]].sum()
+    by_rule = {"global-micro/dice": 2 * pooled["tp"] / (2 * pooled["tp"] + pooled["fp"] + pooled["fn"]),
+               "image-macro/dice": image_macro}
+    by_rule["class-macro/dice"] = by_rule["global-micro/dice"]  # one class
+    fig = plotted["ranking-changes"]
+    for label, values in by_rule.items():
+        best = values.idxmax()
+        shown = fig[fig["label"] == label].set_index("series")["y"]
+        assert shown.to_dict() == {lab: 1.0 if lab == best else 2.0 for lab in labels}, label
+    hd_mean = metrics.groupby("system")["hd95"].mean()
+    shown = fig[fig["label"] == "image-macro/hd95"].set_index("series")["y"]
+    assert shown.to_dict() == {lab: 1.0 if lab == hd_mean.idxmin() else 2.0 for lab in labels}
+
+    # Dice vs HD95: one point per image with both values defined
+    fig = plotted["dice-vs-hd95"]
+    for lab in labels:
+        m = metrics[metrics["system"] == lab].set_index("image_id")["hd95"]
+        joined = pd.DataFrame({"dice": dice[lab], "hd95": m}).dropna().sort_values(["dice", "hd95"])
+        pts = fig[fig["series"] == lab].sort_values(["x", "y"])
+        assert len(pts) == len(joined) > 0
+        np.testing.assert_allclose(pts[["x", "y"]].to_numpy(), joined.to_numpy(), rtol=0, atol=1e-12)
+
+    # boundary section: image means over the images with a value, medians, images without a value
+    boundary = pd.read_csv(data / "boundary.csv")
+    html = res.html.read_text(encoding="utf-8")
+    section = html.split('<section id="boundary">')[1].split("</section>")[0]
+    cols = ["hd95", "assd", "nsd_tau1px", "nsd_tau2px", "nsd_tau5px"]
+    assert sorted(set(boundary["metric"])) == sorted(cols)
+    for lab in labels:
+        m = metrics[metrics["system"] == lab]
+        for col in cols:
+            row = boundary[(boundary["system"] == lab) & (boundary["metric"] == col)].iloc[0]
+            assert row["value"] == pytest.approx(m[col].mean(), rel=1e-12, abs=1e-12), (lab, col)
+            assert row["median"] == pytest.approx(m[col].median(), rel=1e-12, abs=1e-12), (lab, col)
+            assert row["n_excluded"] == m[col].isna().sum() and row["n_images"] == len(m)
+            assert f"{m[col].mean():.4f}" in section, (lab, col)
+
+
+def _two_system_study(root: Path, a: np.ndarray, b: np.ndarray) -> Path:
+    """A study folder with two runs whose per-image counts are written by hand (one class, 64 x 64 images)."""
+    from msb.evaluation.counts import counts_rows, write_counts
+
+    study = root / "runs" / "pair"
+    for name, counts in (("sysA", a), ("sysB", b)):
+        run_id = f"ds-{name}"
+        rd = study / run_id
+        rd.mkdir(parents=True)
+        (rd / "config.yaml").write_text(yaml.safe_dump(
+            {"study": "pair", "random_seed": 0, "data": {"name": "ds", "root": str(root / "nowhere")},
+             "model": {"arch": "unet", "encoder": name}, "evaluation": {"threshold": 0.5}}))
+        tp, fp, fn = (counts[:, k:k + 1].astype(np.int64) for k in range(3))
+        c = {"tp": tp, "fp": fp, "fn": fn, "tn": 4096 - tp - fp - fn, "intersection": tp, "reference": tp + fn,
+             "predicted": tp + fp, "union": tp + fp + fn}
+        ctx = dict(dataset="ds", split="test", fold=-1, run_id=run_id, model="unet", checkpoint_role="best",
+                   checkpoint_sha256="a" * 64, config_hash="b" * 64, threshold=0.5, threshold_on="probability")
+        df = counts_rows(ctx, c, image_ids=[f"img{i:02d}" for i in range(len(counts))], class_ids=[1],
+                         class_names=["lesion"], heights=64, widths=64)
+        write_counts(df, rd / "evaluation" / "best" / "counts.parquet")
+    return study
+
+
+def test_wilcoxon_of_two_different_systems_matches_scipy(tmp_path: Path):
+    """Two systems written by hand that differ on 11 of 14 images (one tie at zero difference, one image
+    undefined for both: empty reference and prediction, two images identical): the report's Wilcoxon row equals
+    scipy.stats.wilcoxon on the paired per-image Dice of the defined images."""
+    rng = np.random.default_rng(5)
+    ref = rng.integers(30, 300, 14)
+    tp_a = np.floor(ref * rng.uniform(0.6, 0.95, 14)).astype(np.int64)
+    tp_b = np.floor(ref * rng.uniform(0.3, 0.9, 14)).astype(np.int64)
+    fp_a, fp_b = rng.integers(0, 60, 14), rng.integers(0, 60, 14)
+    tp_b[:2], fp_b[:2] = tp_a[:2], fp_a[:2]  # images 0, 1: identical predictions (zero difference)
+    ref[13] = tp_a[13] = tp_b[13] = fp_a[13] = fp_b[13] = 0  # image 13: Dice undefined (0/0) for both
+    a = np.stack([tp_a, fp_a, ref - tp_a], axis=1)
+    b = np.stack([tp_b, fp_b, ref - tp_b], axis=1)
+    study = _two_system_study(tmp_path, a, b)
+    res = build_report(study, tmp_path / "rep", n_boot=0)
+    wil = pd.read_csv(res.out_dir / "data" / "wilcoxon.csv")
+    w = wil[wil["metric"] == "dice"].iloc[0]
+    da = 2 * tp_a[:13] / (2 * tp_a[:13] + fp_a[:13] + ref[:13] - tp_a[:13])
+    db = 2 * tp_b[:13] / (2 * tp_b[:13] + fp_b[:13] + ref[:13] - tp_b[:13])
+    assert (da != db).sum() == 11
+    expected = stats.wilcoxon(da, db)  # scipy's default zero_method="wilcox" drops the two zero differences
+    assert (w["system_a"], w["system_b"], w["n"]) == ("sysA", "sysB", 13)
+    assert w["p_value"] == pytest.approx(expected.pvalue, rel=1e-12)
+    assert w["statistic"] == pytest.approx(expected.statistic, rel=1e-12)
+    assert 0 < w["p_value"] < 1
+    html = res.html.read_text(encoding="utf-8")
+    sig = html.split('<section id="significance">')[1].split("</section>")[0]
+    assert f"{expected.pvalue:.4g}" in sig
 
 
 def test_reaggregate_extended_options(study: Path, tmp_path: Path):

@@ -1,13 +1,31 @@
-"""End to end through the command line: msb run / evaluate / reaggregate on the synthetic default and on
-real Kvasir-SEG, plus user errors (one line, exit status 2, no traceback, nothing half-written)."""
+"""End to end through the command line, every ``msb`` subcommand at least once here or in a test named below.
+
+Here: ``run`` (and its resume), ``evaluate`` (the run's split with ``--force``, and ``--external``),
+``reaggregate``, ``metrics``, ``generate``, ``models``, ``data synth`` and ``data validate`` on a tiny project
+(tests/study/conftest.py ``write_project``: 24 synthetic 32x32 frames, a 0.3 M-parameter U-Net, one epoch, one
+thread), on real Kvasir-SEG (slow), and user errors (one line, exit status 2, no traceback, nothing
+half-written). Elsewhere: ``report`` (tests/analysis/test_report.py), ``profile`` (tests/profiling), ``audit``
+(tests/audit/test_reports_curation.py), ``data prepare`` (tests/data/test_converters_more.py), ``explain``
+(tests/xai/test_explain.py).
+
+Every number is checked against an independent computation: confusion counts recounted with NumPy from the
+stored prediction files and the dataset's mask files, Dice recomputed from the counts with pandas, HD95 with
+medpy, the config hash with hashlib.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -16,14 +34,99 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def msb(*args: str, cwd: Path = REPO, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
+    """``python -m msb ARGS`` (captured; offline, one OpenMP thread: 2 threads spin on a busy 2-core machine)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "msb", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
+def _write_project():
+    """``write_project`` of tests/study/conftest.py (loaded by path: test folders are not packages)."""
+    spec = importlib.util.spec_from_file_location("_study_conftest", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.write_project
+
+
+# ----------------------------------------------------------------------------- independent recomputations
+def _class_values(dataset_root: Path) -> dict[int, list[int]]:
+    """Foreground class id -> raw mask values, read from classes.csv with pandas."""
+    cls = pd.read_csv(dataset_root / "classes.csv", dtype={"source_values": str})
+    return {int(r.class_id): [int(v) for v in str(r.source_values).split(";")]
+            for r in cls.itertuples() if int(r.class_id) != 0}
+
+
+def _reference(dataset_root: Path, image_id: str, class_id: int) -> np.ndarray:
+    """Reference mask of one class, read from the dataset's mask file (not from the prediction file)."""
+    index = pd.read_csv(dataset_root / "index.csv", dtype=str).set_index("sample_id")
+    mask = cv2.imread(str(dataset_root / index.loc[image_id, "mask_path"]), cv2.IMREAD_UNCHANGED)
+    assert mask is not None and mask.ndim == 2
+    return np.isin(mask, _class_values(dataset_root)[class_id])
+
+
+def _recount(eval_dir: Path, dataset_root: Path) -> pd.DataFrame:
+    """tp, fp, fn, tn, height, width per image x class: the stored prediction (``predictions/<id>.npz`` key
+    ``pred``) against the dataset's mask file, TP = sum(pred & ref) etc."""
+    rows = []
+    for npz in sorted((eval_dir / "predictions").glob("*.npz")):
+        with np.load(npz) as z:
+            pred, class_ids = z["pred"].astype(bool), z["class_ids"].reshape(-1)
+        for k, c in enumerate(class_ids):
+            p, r = pred[k], _reference(dataset_root, npz.stem, int(c))
+            assert p.shape == r.shape
+            rows.append({"image_id": npz.stem, "class_id": int(c), "tp": int((p & r).sum()),
+                         "fp": int((p & ~r).sum()), "fn": int((~p & r).sum()), "tn": int((~p & ~r).sum()),
+                         "height": r.shape[0], "width": r.shape[1]})
+    return pd.DataFrame(rows)
+
+
+def _assert_counts_match_files(counts: pd.DataFrame, eval_dir: Path, dataset_root: Path) -> None:
+    cols = ["tp", "fp", "fn", "tn", "height", "width"]
+    expected = _recount(eval_dir, dataset_root).sort_values(["image_id", "class_id"]).reset_index(drop=True)
+    got = counts.sort_values(["image_id", "class_id"]).reset_index(drop=True)
+    assert list(got["image_id"]) == list(expected["image_id"]) and len(got) > 0
+    pd.testing.assert_frame_equal(got[cols].astype("int64"), expected[cols].astype("int64"))
+
+
+def _dice_by_hand(counts: pd.DataFrame) -> dict[str, tuple[float, int]]:
+    """Dice under the three basic rules from a counts table, with the number of undefined (0/0) units."""
+    c = counts.astype({"tp": "int64", "fp": "int64", "fn": "int64"})
+    den = 2 * c["tp"] + c["fp"] + c["fn"]
+    per_row = (2 * c["tp"] / den.where(den > 0)).rename("dice")
+    per_class_mean = per_row.groupby(c["class_id"]).mean()  # pandas' mean skips NaN
+    sums = c.groupby("class_id")[["tp", "fp", "fn"]].sum()
+    sums_den = 2 * sums["tp"] + sums["fp"] + sums["fn"]
+    tp, fp, fn = (int(c[k].sum()) for k in ("tp", "fp", "fn"))
+    return {"global-micro": (2 * tp / (2 * tp + fp + fn), int(2 * tp + fp + fn == 0)),
+            "image-macro": (float(per_class_mean.mean()), int((den == 0).sum())),
+            "class-macro": (float((2 * sums["tp"] / sums_den.where(sums_den > 0)).mean()), int((sums_den == 0).sum()))}
+
+
+def _printed_tables(stdout: str) -> list[pd.DataFrame]:
+    """The rich tables printed on stdout (header row ``┃ ... ┃``, body rows ``│ ... │``), cells as text."""
+    tables, header, rows = [], None, []
+    for line in stdout.splitlines() + [""]:
+        t = line.strip()
+        if t.startswith("┃"):
+            header, rows = [c.strip() for c in t.strip("┃").split("┃")], []
+        elif t.startswith("│") and header is not None:
+            rows.append([c.strip() for c in t.strip("│").split("│")])
+        elif t.startswith("└") and header is not None:
+            tables.append(pd.DataFrame(rows, columns=header))
+            header = None
+    return tables
+
+
+def _dice_cell(value: float, excluded: int) -> str:
+    """How render_scores_table prints a Dice value: 4 decimals, ``(-k)`` when k units were undefined."""
+    return f"{value:.4f}" + (f" (-{excluded})" if excluded else "")
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory) -> Path:
-    """A copy of the shipped configs with a tiny synthetic study (2 epochs, 48x48... rounded to 64)."""
+    """A copy of the shipped configs with a tiny synthetic study (2 epochs, 64x64; the Ctrl-C test trains
+    it for 50 epochs and interrupts it)."""
     root = tmp_path_factory.mktemp("proj")
     cfg = root / "configs"
     (cfg / "datasets").mkdir(parents=True)
@@ -41,40 +144,217 @@ def tiny_study(tmp_path_factory) -> Path:
     return cfg / "study.yaml"
 
 
-def test_run_evaluate_reaggregate_chain(tiny_study: Path):
-    r = msb("run", str(tiny_study))
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``msb run`` of a tiny project (one run; best and latest evaluated; metrics.parquet NOT computed, so
+    ``msb metrics`` has to write it; HD convention ``medpy``). Returns (project root, study file, run folder,
+    the CompletedProcess of ``msb run``)."""
+    root = tmp_path_factory.mktemp("e2e")
+    study = _write_project()(root, {"study": "e2e", "overrides": {"evaluation": {
+        "checkpoint": "both", "compute_metrics": False, "metrics": {"hd_convention": "medpy"}}}})
+    r = msb("run", str(study))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "global-micro" in r.stdout or "Dice" in r.stdout
-    study_dir = tiny_study.parents[1] / "runs" / "tiny"
-    run_dirs = [p for p in study_dir.iterdir() if p.is_dir()]
+    run_dirs = [p for p in (root / "runs" / "e2e").iterdir() if (p / "config.yaml").is_file()]
     assert len(run_dirs) == 1
-    rd = run_dirs[0]
+    return root, study, run_dirs[0], r
+
+
+# ----------------------------------------------------------------------------------------------- tests
+@pytest.mark.slow  # ~25 s with the training of the fixture
+def test_run_evaluate_reaggregate_chain(trained):
+    root, study, rd, r = trained
+    data = root / "datasets" / "synthetic"
     for f in ["config.yaml", "config.sha256", "split.csv", "manifest.json", "train_log.csv",
               "checkpoints/best.pt", "checkpoints/latest.pt", "checkpoints/records.json",
               "evaluation/best/counts.parquet", "evaluation/latest/counts.parquet"]:
         assert (rd / f).is_file(), f
-    counts = pd.read_parquet(rd / "evaluation" / "best" / "counts.parquet")
+    counts = {role: pd.read_parquet(rd / "evaluation" / role / "counts.parquet") for role in ("best", "latest")}
     split = pd.read_csv(rd / "split.csv")
-    n_test = int((split["split"] == "test").sum())
-    assert len(counts) == n_test and n_test > 0
-    assert set(counts["checkpoint_role"]) == {"best"} and (counts["config_hash"] ==
-                                                          (rd / "config.sha256").read_text().strip()).all()
-    assert ((counts.tp + counts.fp + counts.fn + counts.tn) == counts.height * counts.width).all()
-    assert len(list((rd / "evaluation" / "best" / "predictions").glob("*.npz"))) == n_test
-    assert (study_dir / "scores.csv").is_file()
+    test_ids = sorted(split.loc[split["split"] == "test", "sample_id"])
+    for role, c in counts.items():
+        assert sorted(c["image_id"]) == test_ids and len(test_ids) > 0  # one class: one row per test image
+        assert set(c["checkpoint_role"]) == {role}
+        assert (c["config_hash"] == (rd / "config.sha256").read_text().strip()).all()
+        # counts = the stored predictions recounted against the dataset's mask files
+        _assert_counts_match_files(c, rd / "evaluation" / role, data)
+
+    # what `msb run` prints: the score table of every evaluated checkpoint; Dice recomputed from the counts
+    (table,) = _printed_tables(r.stdout)
+    printed = table.set_index(["checkpoint_role", "aggregation"])
+    assert set(printed.index) == {(role, rule) for role in ("best", "latest")
+                                  for rule in ("global-micro", "image-macro", "class-macro")}, r.stdout
+    for role, c in counts.items():
+        for rule, (value, excluded) in _dice_by_hand(c).items():
+            assert printed.loc[(role, rule), "images"] == str(len(test_ids))
+            assert printed.loc[(role, rule), "Dice"] == _dice_cell(value, excluded), (role, rule, r.stdout)
 
     # rerun = resume: nothing trained or evaluated again
-    r2 = msb("run", str(tiny_study))
+    r2 = msb("run", str(study))
     assert r2.returncode == 0, r2.stderr
     assert "already finished" in r2.stdout and "already done" in r2.stdout
 
-    # reaggregate from stored counts alone
-    out = tiny_study.parent / "scores_out"
-    r3 = msb("reaggregate", str(study_dir), "--out", str(out))
-    assert r3.returncode == 0, r3.stderr
+    # msb evaluate: reload the best checkpoint (SHA-256 verified) and write the same counts again
+    done = rd / "evaluation" / "best" / "DONE"
+    done_before = done.stat().st_mtime_ns
+    r3 = msb("evaluate", str(rd), "--checkpoint", "best", "--force")
+    assert r3.returncode == 0, r3.stdout + r3.stderr
+    assert "already done" not in r3.stdout and done.stat().st_mtime_ns != done_before  # really re-evaluated
+    again = pd.read_parquet(rd / "evaluation" / "best" / "counts.parquet")
+    key = ["image_id", "class_id"]
+    pd.testing.assert_frame_equal(again.sort_values(key).reset_index(drop=True),
+                                  counts["best"].sort_values(key).reset_index(drop=True))
+    _assert_counts_match_files(again, rd / "evaluation" / "best", data)
+    (table,) = _printed_tables(r3.stdout)
+    shown = table.set_index("aggregation")
+    for rule, (value, excluded) in _dice_by_hand(again).items():
+        assert shown.loc[rule, "Dice"] == _dice_cell(value, excluded), r3.stdout
+
+    # reaggregate from stored counts alone: Dice equal to the hand computation from the counts files
+    out = root / "scores_out"
+    r4 = msb("reaggregate", str(root / "runs" / "e2e"), "--out", str(out))
+    assert r4.returncode == 0, r4.stderr
     scores = pd.read_csv(out / "scores.csv")
     assert set(scores["aggregation"]) == {"global-micro", "image-macro", "class-macro"}
     assert set(scores["checkpoint_role"]) == {"best", "latest"}
+    dice = scores[scores["metric"] == "dice"].set_index(["checkpoint_role", "aggregation"])
+    assert len(dice) == 6
+    for role in ("best", "latest"):
+        c = pd.read_parquet(rd / "evaluation" / role / "counts.parquet")
+        for rule, (value, excluded) in _dice_by_hand(c).items():
+            assert dice.loc[(role, rule), "value"] == pytest.approx(value, abs=1e-12)
+            assert dice.loc[(role, rule), "n_excluded"] == excluded
+
+
+def test_metrics_command_hd95_matches_medpy(trained):
+    """``msb metrics RUN`` writes metrics.parquet from the stored predictions; the run config asks for the medpy
+    HD convention (HD95 = 95th percentile of both directions' distances pooled), so every HD95 of two
+    non-empty masks equals medpy.metric.binary.hd95 on the stored prediction and the dataset's mask file."""
+    from medpy.metric.binary import hd95
+
+    root, _, rd, _ = trained
+    data = root / "datasets" / "synthetic"
+    assert not list(rd.glob("evaluation/*/metrics.parquet"))  # compute_metrics: false in the run config
+    r = msb("metrics", str(rd))
+    assert r.returncode == 0, r.stdout + r.stderr
+    n_checked = 0
+    tables = _printed_tables(r.stdout)
+    assert len(tables) == 2  # one summary per evaluated checkpoint, best then latest
+    for role, table in zip(("best", "latest"), tables):
+        m = pd.read_parquet(rd / "evaluation" / role / "metrics.parquet")
+        counts = pd.read_parquet(rd / "evaluation" / role / "counts.parquet")
+        assert sorted(m["image_id"]) == sorted(counts["image_id"])
+        assert set(m["hd_convention"]) == {"medpy"}
+        for row in m.itertuples():
+            with np.load(rd / "evaluation" / role / "predictions" / f"{row.image_id}.npz") as z:
+                pred = z["pred"][list(z["class_ids"]).index(row.class_id)]
+                spacing = tuple(z["spacing"])
+            ref = _reference(data, row.image_id, row.class_id)
+            assert (row.n_pred_px, row.n_ref_px) == (int(pred.sum()), int(ref.sum()))
+            if pred.any() and ref.any():
+                assert row.empty_case == "none"
+                # medpy's default connectivity=1 is the 4-neighbourhood boundary of the run's metrics config
+                assert row.hd95 == pytest.approx(hd95(pred, ref, voxelspacing=spacing, connectivity=1),
+                                                 rel=1e-12, abs=1e-12), row.image_id
+                n_checked += 1
+        # the printed summary: image mean of hd95 over the rows with a value, under the convention shown
+        assert f"{role}/metrics.parquet (convention: medpy)" in r.stdout
+        shown = table[(table["metric"] == "hd95") & (table["aggregation"] == "image_mean")]
+        assert len(shown) == 1 and shown["hd_convention"].iloc[0] == "medpy", r.stdout
+        assert shown["value"].iloc[0] == f"{m['hd95'].mean():.4f}", r.stdout
+        assert shown["n_used"].iloc[0] == str(int(m["hd95"].notna().sum()))
+    assert n_checked >= 1  # at least one image with both masks non-empty was compared with medpy
+
+
+def test_evaluate_external_dataset(trained):
+    """``msb evaluate RUN --external synth_ext`` (configs/datasets/synth_ext.yaml of the project, run from the
+    project folder): 6 synthetic 40x40 frames, prepared on first use. Rows = images x foreground classes, all
+    labelled with the external name; counts recounted from the stored predictions and the external masks."""
+    root, _, rd, _ = trained
+    r = msb("evaluate", str(rd), "--external", "synth_ext", cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ext_dir = rd / "evaluation" / "external" / "synth_ext" / "best"
+    counts = pd.read_parquet(ext_dir / "counts.parquet")
+    ext_root = root / "datasets" / "synth_ext"
+    n_images = len(pd.read_csv(ext_root / "index.csv"))
+    n_classes = len(_class_values(ext_root))
+    assert n_images == 6 and n_classes == 1  # as write_project declares synth_ext
+    assert len(counts) == n_images * n_classes
+    assert set(counts["dataset"]) == {"synth_ext"} and set(counts["split"]) == {"all"}
+    assert set(counts["checkpoint_role"]) == {"best"} and (counts["height"] == 40).all()
+    _assert_counts_match_files(counts, ext_dir, ext_root)
+    (table,) = _printed_tables(r.stdout)
+    shown = table.set_index("aggregation")
+    for rule, (value, excluded) in _dice_by_hand(counts).items():
+        assert shown.loc[rule, "images"] == str(n_images), r.stdout
+        assert shown.loc[rule, "Dice"] == _dice_cell(value, excluded), r.stdout
+
+
+def test_generate_prints_the_hash_of_the_run_config(trained, tmp_path: Path):
+    """``msb generate``: the config hash it prints is the SHA-256 of the canonical JSON of the written
+    config.yaml without run_root (recomputed with hashlib), and the run is the one ``msb run`` trained."""
+    _, study, rd, _ = trained
+    r = msb("generate", str(study), "--run-root", str(tmp_path / "gen"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    written = tmp_path / "gen" / "e2e" / rd.name / "config.yaml"
+    cfg = yaml.safe_load(written.read_text())
+    cfg.pop("run_root", None)
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+    (table,) = _printed_tables(r.stdout)
+    assert table[["run_id", "config_hash"]].values.tolist() == [[rd.name, digest[:16]]]
+    assert rd.name.endswith(digest[:8]) and (rd / "config.sha256").read_text().strip() == digest
+
+
+def test_explain_two_images_after_one_flag(trained, tmp_path: Path):
+    """``msb explain RUN --images A B``: click hands B to the RUN arguments; the command must take it back as an
+    image id. The Grad-CAM prediction of a test image is the evaluated prediction: its area equals the stored
+    prediction's pixel count."""
+    _, _, rd, _ = trained
+    counts = pd.read_parquet(rd / "evaluation" / "best" / "counts.parquet")
+    ids = sorted(counts["image_id"])[:2]
+    r = msb("explain", str(rd), "--images", *ids, "--device", "cpu", "--out", str(tmp_path / "x"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = pd.read_csv(tmp_path / "x" / "explain.csv")
+    assert sorted(table["image_id"]) == ids and set(table["image_split"]) == {"test"}
+    for row in table.itertuples():
+        with np.load(rd / "evaluation" / "best" / "predictions" / f"{row.image_id}.npz") as z:
+            assert row.pred_area_px == int(z["pred"][0].sum()), row.image_id
+
+
+def test_models_lists_the_registry():
+    from msb.models.registry import available_architectures
+
+    r = msb("models")
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.split()
+    assert printed == available_architectures()
+    assert {"unet", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer", "g_cascade"} <= set(printed)
+
+
+def test_data_synth_and_validate(tmp_path: Path):
+    out = tmp_path / "synth8"
+    r = msb("data", "synth", "--out", str(out), "--n", "8")
+    assert r.returncode == 0, r.stdout + r.stderr
+    index = pd.read_csv(out / "index.csv")
+    assert len(index) == 8 and index["sample_id"].is_unique
+    for mp in index["mask_path"]:  # every mask holds only the values classes.csv declares
+        mask = cv2.imread(str(out / mp), cv2.IMREAD_UNCHANGED)
+        assert set(np.unique(mask)) <= {0, *[v for vs in _class_values(out).values() for v in vs]}
+    r = msb("data", "validate", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "8 samples, 1 foreground class(es): OK" in r.stdout
+
+    # a corrupted copy: one mask pixel with a value classes.csv does not declare
+    bad = tmp_path / "corrupt"
+    shutil.copytree(out, bad)
+    victim = bad / index["mask_path"].iloc[3]
+    mask = cv2.imread(str(victim), cv2.IMREAD_UNCHANGED)
+    mask[0, 0] = 7
+    assert cv2.imwrite(str(victim), mask)
+    r = msb("data", "validate", str(bad))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(victim) in lines[0] and "7 (1 px)" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
 
 
 def test_user_errors_are_one_line(tmp_path: Path, tiny_study: Path):

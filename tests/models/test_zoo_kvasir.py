@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -18,6 +20,27 @@ from msb.study.pipeline import run_study
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = ["unet_r18", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer_b0"]
+
+
+def _recount(eval_dir: Path, data_root: Path) -> pd.DataFrame:
+    """tp, fp, fn, tn, height, width per image x class, recounted with NumPy from the stored predictions
+    (``predictions/<image_id>.npz`` key ``pred``) against the prepared dataset's mask files (raw values mapped
+    to classes by ``classes.csv``), independently of the evaluator: TP = sum(pred & ref), etc."""
+    index = pd.read_csv(data_root / "index.csv", dtype=str).set_index("sample_id")
+    classes = pd.read_csv(data_root / "classes.csv", dtype={"source_values": str})
+    values = {int(r.class_id): [int(v) for v in r.source_values.split(";")] for r in classes.itertuples()}
+    rows = []
+    for npz in sorted((eval_dir / "predictions").glob("*.npz")):
+        with np.load(npz) as z:
+            pred, class_ids = z["pred"].astype(bool), z["class_ids"].reshape(-1)
+        mask = cv2.imread(str(data_root / index.loc[npz.stem, "mask_path"]), cv2.IMREAD_UNCHANGED)
+        for k, c in enumerate(class_ids):
+            ref = np.isin(mask, values[int(c)])
+            p = pred[k]
+            rows.append({"image_id": npz.stem, "class_id": int(c), "tp": int((p & ref).sum()),
+                         "fp": int((p & ~ref).sum()), "fn": int((~p & ref).sum()), "tn": int((~p & ~ref).sum()),
+                         "height": mask.shape[0], "width": mask.shape[1]})
+    return pd.DataFrame(rows)
 
 
 def _study(path: Path, name: str, archs: list[str], data_root: Path, cache: Path, size: int, model=None,
@@ -46,8 +69,15 @@ def test_every_architecture_trains_one_epoch_on_kvasir(tmp_path: Path, shared_di
     for o in outcomes:
         assert o.train is not None and o.train.epochs_done == 1
         counts = pd.read_parquet(o.counts_paths[0])
-        assert len(counts) >= 1 and (counts["tp"] + counts["fp"] + counts["fn"] + counts["tn"]
-                                     == counts["height"] * counts["width"]).all()
+        # the counts are the stored predictions recounted against the Kvasir mask files (native resolution)
+        cols = ["image_id", "class_id", "tp", "fp", "fn", "tn", "height", "width"]
+        expected = _recount(o.counts_paths[0].parent, data)
+        split = pd.read_csv(o.run_dir / "split.csv")
+        n_test = min(4, int((split["split"] == "test").sum()))  # max_samples_per_split: 4; one class
+        assert n_test >= 1 and len(counts) == len(expected) == n_test
+        pd.testing.assert_frame_equal(
+            counts[cols].astype({c: "int64" for c in cols[1:]}).sort_values(cols[:2]).reset_index(drop=True),
+            expected[cols].astype({c: "int64" for c in cols[1:]}).sort_values(cols[:2]).reset_index(drop=True))
         sem = json.loads((o.counts_paths[0].parent / "prediction_semantics.json").read_text())
         archs.add(sem["model"])
         expected_rule = "sum" if sem["model"] in ("polyp_pvt", "pvt_cascade", "g_cascade") else "first"

@@ -190,8 +190,52 @@ def _smallest_model(arch: str) -> tuple[nn.Module, int]:
     raise AssertionError(f"{arch}: no input size in 64..256 accepted")
 
 
+def _ptflops_aten_macs(model: nn.Module, size: int) -> int:
+    """MACs of one forward pass counted by ptflops' ATen backend (its own TorchDispatchMode and formulas for
+    convolution, mm/addmm/bmm), with attention decomposed by the math SDPA backend as count_flops does."""
+    ptflops = pytest.importorskip("ptflops")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        macs, _ = ptflops.get_model_complexity_info(model, (3, size, size), as_strings=False, backend="aten",
+                                                    print_per_layer_stat=False, verbose=False,
+                                                    input_constructor=lambda res: torch.randn(1, *res))
+    assert macs is not None, "ptflops failed on the model"
+    return int(macs)
+
+
+def _bias_outputs(model: nn.Module, size: int) -> int:
+    """Output elements of every convolution / linear layer that has a bias, in one forward pass: the most bias
+    adds (one MAC each) a counter that includes biases can add to a bias-free count."""
+    total = 0
+
+    def hook(_mod, _inp, out):
+        nonlocal total
+        total += out.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.ConvTranspose2d, nn.Linear)) and m.bias is not None]
+    try:
+        with torch.no_grad():
+            model.eval()(torch.randn(1, 3, size, size))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
 def test_every_registered_architecture_profiles(tmp_path: Path):
-    """CPU, smallest valid size >= 64 per architecture, 1 warm-up, 2 timed passes; one model built per arch."""
+    """CPU, smallest valid size >= 64 per architecture, 1 warm-up, 2 timed passes; one model built per arch.
+
+    GMACs against an independent counter, ptflops' ATen backend (its own dispatch mode and per-operator
+    formulas, not torch's FlopCounterMode). It counts the same operators (convolution, mm/addmm/bmm) but adds
+    one MAC per output element for the bias of a convolution and of a linear layer lowered to aten.addmm (a
+    linear layer on a 3-D token tensor is lowered to matmul + add, whose bias ptflops does not count), while
+    FlopCounterMode counts no bias. Tolerance, hence: with B = the output elements of all biased conv / linear
+    layers (forward hooks), ``0 <= ptflops - ours <= B``, and for the convolution-only architectures (no
+    nn.Linear) every bias is counted, so ``ptflops == ours + B`` exactly. B is at most 0.7 % of the MACs here;
+    a missed or miscounted convolution would be off by C_in * k_h * k_w times its own bias term."""
     from msb.profiling.report import write_profile_table
 
     archs = available_architectures()
@@ -201,6 +245,12 @@ def test_every_registered_architecture_profiles(tmp_path: Path):
         rows += profile_module(model, (size, size), torch.device("cpu"), [FAST], label=arch,
                                model_cfg=ModelConfig(arch=arch))
         assert rows[-1]["params"] == sum(p.numel() for p in model.parameters())
+        ours = round(rows[-1]["gmacs"] * 1e9)  # exact: gmacs = macs / 1e9 and macs < 2**53
+        bias = _bias_outputs(model, size)
+        theirs = _ptflops_aten_macs(model, size)
+        assert 0 <= theirs - ours <= bias, (arch, ours, theirs, bias)
+        if not any(isinstance(m, nn.Linear) for m in model.modules()):
+            assert theirs == ours + bias, (arch, ours, theirs, bias)
         del model
     table = pd.DataFrame(rows)
     assert list(table["model"]) == archs
