@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -445,3 +446,20 @@ def test_report_on_kfold_multiclass_study_without_predictions(tmp_path: Path):
     checks = {i.item: i.passed for i in res.checklist}
     assert checks["HD95 reported"] is False and checks["Split protocol stated"] is False
     assert checks["Significance tested"] is True
+
+
+def test_boundary_metrics_of_different_conventions_are_left_out(study: Path, tmp_path: Path):
+    """One system's metrics recomputed under medpy, the other's under MetricsReloaded: the report neither averages
+    nor compares their HD95 (the boundary section of that block is left out, a note names the conventions)."""
+    copy = tmp_path / "tiny"
+    shutil.copytree(study, copy, ignore=shutil.ignore_patterns("report"))
+    files = sorted(copy.glob("*/evaluation/best/metrics.parquet"))
+    assert len(files) == 2
+    m = pd.read_parquet(files[0])
+    assert set(m["hd_convention"]) == {"metrics_reloaded"}
+    m.assign(hd_convention="medpy").to_parquet(files[0])
+    res = build_report(copy, tmp_path / "rep", n_boot=0)
+    note = [n for n in res.notes if "boundary metrics left out" in n]
+    assert len(note) == 1 and "hd_convention=medpy" in note[0] and "hd_convention=metrics_reloaded" in note[0]
+    ok = build_report(study, tmp_path / "rep_ok", n_boot=0)  # control: one convention, no such note
+    assert not [n for n in ok.notes if "boundary metrics left out" in n]
