@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED := 1
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-	# torch first: the pinned CPU-capable wheels (torch 2.14.1 / torchvision 0.29.1) lie on this machine's disk
+	# torch first: torch 2.14.1 / torchvision 0.29.1 from the package registry, with their CUDA libraries (~6.7 GB venv; runs on CPU)
 	$(BIN)/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1" || $(BIN)/python -m pip install -q "torch>=2.4,<2.15" "torchvision>=0.19,<0.30"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	rm -f $(VENV)/.installed-* && touch $@
@@ -22,7 +22,7 @@ quickstart: setup
 	$(BIN)/msb run configs/study.yaml
 
 test: setup
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=15
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow"
