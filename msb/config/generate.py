@@ -30,7 +30,7 @@ from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 
 __all__ = ["StudySpec", "GeneratedRun", "load_study", "generate_runs", "write_run_config", "config_hash",
-           "run_config_to_yaml"]
+           "run_config_to_yaml", "find_configs_root"]
 
 
 class StudySpec(StrictModel):
@@ -72,16 +72,36 @@ def run_config_to_yaml(cfg: RunConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-def _find_configs_root(study_path: Path, explicit: str | None) -> Path:
+def find_configs_root(study_path: str | Path, explicit: str | None = None) -> tuple[Path, str]:
+    """The configs root of a study file (the folder with ``global.yaml``, ``datasets/``, ``architectures/``), by
+    one rule, first match wins:
+
+    1. ``configs_root`` of the study (relative to the study file's folder), if given;
+    2. the nearest folder above the study file (its own folder included) that holds ``global.yaml``;
+    3. ``./configs`` of the working directory, if it holds ``global.yaml`` (a study kept anywhere, run from a
+       project folder).
+
+    Returns:
+        ``(root, rule)``: the absolute root and which rule found it (for the log).
+
+    Raises:
+        MSBError: the given ``configs_root`` has no ``global.yaml``; no rule finds one.
+    """
+    study_path = Path(study_path).resolve()
     if explicit is not None:
         root = (study_path.parent / explicit).resolve()
         if not (root / "global.yaml").is_file():
             raise MSBError(f"{study_path}: configs_root '{explicit}' has no global.yaml ({root})")
-        return root
+        return root, "configs_root of the study"
     for folder in [study_path.parent, *study_path.parent.parents]:
         if (folder / "global.yaml").is_file():
-            return folder
-    raise MSBError(f"{study_path}: no global.yaml found in this folder or above; set 'configs_root' in the study")
+            return folder, "nearest folder above the study with global.yaml"
+    cwd = Path.cwd() / "configs"
+    if (cwd / "global.yaml").is_file():
+        return cwd.resolve(), "./configs of the working directory"
+    raise MSBError(f"{study_path}: no configs root found: no global.yaml in the study's folder or above, none in "
+                   f"./configs of the working directory; run from the project folder or set 'configs_root' in the "
+                   f"study (docs/config_reference.md)")
 
 
 def load_study(path: str | Path) -> tuple[StudySpec, Path]:
@@ -89,7 +109,7 @@ def load_study(path: str | Path) -> tuple[StudySpec, Path]:
     path = Path(path).resolve()
     layer = load_layer(path)
     spec = validate_layers(layer.data, StudySpec, layer.provenance, str(path))
-    return spec, _find_configs_root(path, spec.configs_root)  # type: ignore[return-value]
+    return spec, find_configs_root(path, spec.configs_root)[0]  # type: ignore[arg-type]
 
 
 def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from msb.config.generate import find_configs_root
 from msb.data.prepare import ensure_dataset
 from msb.data.schema import PreparedDataset
 from msb.engine.runner import RunOutcome
@@ -78,6 +79,8 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
     units = study_units(study_path, run_root)
     if not units:
         return []
+    root, rule = find_configs_root(study_path, units[0].spec.configs_root)
+    log(f"configs root: {root} ({rule})")
     ctx = StudyContext(storage, not worker, heartbeat_interval, grace_period, poll_s, track, log)
     if worker or storage is not None:
         _open_storage(ctx, units)  # a bad URL fails before anything is written

@@ -145,3 +145,26 @@ def test_threshold_error_names_the_key(configs: Path):
     with pytest.raises(MSBError) as e:
         generate_runs(configs / "studies" / "s.yaml")
     assert "s.yaml (overrides): key 'evaluation'" in str(e.value) and "(0, 1)" in str(e.value)
+
+
+def test_study_outside_configs_finds_the_working_directory_configs(tmp_path, monkeypatch):
+    """A study file kept outside any configs tree uses ./configs of the working directory (third rule); the
+    nearest global.yaml above the study wins over it; a missing root names both places."""
+    from msb.config.generate import find_configs_root, load_study
+
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "global.yaml").write_text("random_seed: 0\n")
+    elsewhere = tmp_path / "home" / "studies"
+    elsewhere.mkdir(parents=True)
+    study = elsewhere / "my_study.yaml"
+    study.write_text("study: s\ndatasets: [synthetic]\narchitectures: [unet_r18]\n")
+    monkeypatch.chdir(project)
+    assert find_configs_root(study) == ((project / "configs").resolve(), "./configs of the working directory")
+    assert load_study(study)[1] == (project / "configs").resolve()
+    (tmp_path / "home" / "global.yaml").write_text("random_seed: 1\n")  # a root above the study wins
+    assert find_configs_root(study) == ((tmp_path / "home").resolve(), "nearest folder above the study with global.yaml")
+    (tmp_path / "home" / "global.yaml").unlink()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MSBError, match=r"no configs root found: .* ./configs of the working directory"):
+        find_configs_root(study)

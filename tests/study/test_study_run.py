@@ -149,3 +149,23 @@ def test_too_many_folds_fail_before_any_training(tmp_path, make_project):
                                     "final": {"checkpoint": "best", "test_split": "test"}})
     outcomes = run_study(fixed)
     assert sorted(o.run_id.rsplit("-", 1)[-1] for o in outcomes if "fold" in o.run_id) == ["fold0", "fold1"]
+
+
+def test_study_kept_outside_the_configs_tree_runs_and_names_its_root(tmp_path, make_project, msb_cli):
+    """`msb run ~/somewhere/study.yaml` from a project folder: ./configs of the working directory is the root,
+    and the run says so; the plain study trains and evaluates as from inside configs/."""
+    import pandas as pd
+
+    project = tmp_path / "project"
+    inside = make_project(project, {"study": "outside"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    study = elsewhere / "study.yaml"
+    study.write_text(inside.read_text())
+    inside.unlink()
+    r = msb_cli("run", str(study), cwd=project)
+    assert r.returncode == 0, r.stderr
+    root = (project / "configs").resolve()
+    assert f"configs root: {root} (./configs of the working directory)" in " ".join(r.stdout.split())
+    counts = list((project / "runs" / "outside").glob("*/evaluation/best/counts.parquet"))
+    assert len(counts) == 1 and pd.read_parquet(counts[0])["dataset"].unique().tolist() == ["synthetic"]
