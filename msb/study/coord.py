@@ -34,6 +34,7 @@ A trial whose work raised an error is told ``FAIL``; plain ``msb run`` re-enqueu
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import random
@@ -53,7 +54,7 @@ from msb.errors import MSBError
 
 __all__ = ["default_storage_url", "open_storage", "close_storage", "get_or_create_study", "owner_id",
            "owner_alive", "claim_next", "retry_failed", "Heartbeat", "file_lock", "items_status", "ItemsStatus",
-           "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY"]
+           "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY", "retries_used"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -89,6 +90,29 @@ def _with_driver(url: str) -> str:
     return url
 
 
+class _RetryWithoutOwner:
+    """``RetryHeartbeatStaleTrialCallback(max_retry)`` whose copy does not inherit the dead process's ``owner``
+    user attribute (the copy's claimer sets its own; until then the copy must not look owned by the dead one)."""
+
+    def __init__(self, max_retry: int | None) -> None:
+        with warnings.catch_warnings():  # marked experimental (not deprecated) by optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._callback = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry)
+        self.max_retry = max_retry
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial, fresh_budget: bool = False) -> None:
+        t = copy.deepcopy(trial)
+        t.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "owner"}
+        if fresh_budget:  # a user's rerun: the automatic retries start counting again
+            t.system_attrs = {k: v for k, v in trial.system_attrs.items() if k not in ("retry_history", "failed_trial")}
+        self._callback(study, t)
+
+
+def retries_used(trial: FrozenTrial) -> int:
+    """Automatic retries already made of ``trial``'s item (length of optuna's ``retry_history``)."""
+    return len(trial.system_attrs.get("retry_history", []))
+
+
 def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120) -> optuna.storages.RDBStorage:
     """An optuna ``RDBStorage`` with heartbeats; stale trials are retried by
     ``RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)``.
@@ -112,7 +136,7 @@ def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120
                 return optuna.storages.RDBStorage(
                     url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
                     grace_period=grace_period,
-                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(MAX_RETRY))
+                    heartbeat_stale_trial_callback=_RetryWithoutOwner(MAX_RETRY))
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:  # table-creation race
             last = exc
             time.sleep(0.5 + attempt + random.random())
@@ -210,12 +234,9 @@ def owner_alive(owner: str | None) -> bool | None:
 
 
 def retry_failed(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue one ``WAITING`` copy of the failed ``trial`` (``RetryHeartbeatStaleTrialCallback`` without a
-    retry limit: a user's rerun asks for it)."""
-    with warnings.catch_warnings():  # marked experimental (not deprecated) by optuna
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        callback = optuna.storages.RetryHeartbeatStaleTrialCallback()
-    callback(study, trial)
+    """Enqueue one ``WAITING`` copy of the failed ``trial`` (optuna's retry callback without a limit, and the
+    automatic-retry budget starts again: a user's rerun asks for it)."""
+    _RetryWithoutOwner(None)(study, trial, fresh_budget=True)
 
 
 def _dead(t: FrozenTrial, grace_s: float) -> bool:
@@ -233,8 +254,8 @@ def claim_next(study: optuna.Study, storage: optuna.storages.RDBStorage, exclusi
 
     Call it under the phase's claim :func:`file_lock`. Order: (1) ``RUNNING`` trials whose owner died on this
     host are re-opened (``exclusive``) or failed and retried; (2) ``optuna.storages.fail_stale_trials``;
-    (3) ``Study.ask()`` claims the ``WAITING`` trial with the smallest number. ``reseed(number)`` runs before
-    ``ask()`` (the sampler draws then). The claimed trial gets ``owner`` = this process and a first heartbeat.
+    (3) ``Study.ask()`` claims the ``WAITING`` trial with the smallest number; it gets a first heartbeat,
+    ``owner`` = this process, and ``reseed(number)`` runs (the sampler draws at suggest time, after this).
     """
     grace = float(getattr(storage, "grace_period", None) or 120)  # RDBStorage(grace_period=...)
     callback = storage.get_heartbeat_stale_trial_callback()
@@ -244,32 +265,45 @@ def claim_next(study: optuna.Study, storage: optuna.storages.RDBStorage, exclusi
         if exclusive:
             log(f"re-attaching trial {t.number} (item {t.user_attrs.get('item')}) of {study.study_name}: "
                 f"its process ended")
-            storage.set_trial_state_values(trial_id(storage, study, t.number), state=TrialState.WAITING)
+            try:
+                storage.set_trial_state_values(trial_id(storage, study, t.number), state=TrialState.WAITING)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # finished meanwhile (only when a plain run is mixed with workers, which the docs forbid)
             continue
         try:
             study.tell(t.number, state=TrialState.FAIL)
-        except (ValueError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+        except (ValueError, optuna.exceptions.UpdateFinishedTrialError):
             continue  # another process failed (or finished) it first
+        if retries_used(t) >= MAX_RETRY:
+            log(f"trial {t.number} of {study.study_name}: its process ended; not retried ({MAX_RETRY} automatic "
+                f"retries used; a plain 'msb run' retries it)")
+            continue
         log(f"trial {t.number} of {study.study_name}: its process ended; re-enqueued")
         if callback is not None:
             callback(study, frozen_trial(study, t.number))
     with warnings.catch_warnings():  # fail_stale_trials is marked experimental (not deprecated) by optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    waiting = sorted(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)), key=lambda t: t.number)
-    if not waiting:
+    if not study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return None
-    if reseed is not None:
-        reseed(waiting[0].number)
     with warnings.catch_warnings():  # "heartbeat is supposed to be used with optimize": we beat ourselves
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed", category=UserWarning)
         trial = study.ask()
-    if "item" not in trial.user_attrs:  # another machine took the last WAITING trial between look and ask
-        trial.set_user_attr("note", "asked when no work item was left; not a work item")
-        study.tell(trial, state=TrialState.FAIL)
-        return None
-    trial.set_user_attr("owner", owner_id())
-    storage.record_heartbeat(trial_id(storage, study, trial.number))
+    try:
+        storage.record_heartbeat(trial_id(storage, study, trial.number))  # the lease starts now
+        if "item" not in trial.user_attrs:  # another machine took the last WAITING trial between look and ask
+            trial.set_user_attr("note", "asked when no work item was left; not a work item")
+            study.tell(trial, state=TrialState.FAIL)
+            return None
+        trial.set_user_attr("owner", owner_id())
+        if reseed is not None:  # parameters are drawn at suggest time, after this: the draw depends on n only
+            reseed(trial.number)
+    except BaseException:
+        try:
+            study.tell(trial, state=TrialState.FAIL)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to show
+            log(f"could not mark trial {trial.number} failed ({type(exc).__name__}); its heartbeat will expire")
+        raise
     return trial
 
 
@@ -290,7 +324,7 @@ class Heartbeat:
         while not self._stop.wait(self.interval):
             try:
                 self.storage.record_heartbeat(self.trial_id)
-            except sqlalchemy.exc.SQLAlchemyError as exc:
+            except Exception as exc:  # noqa: BLE001 - optuna wraps DB errors (StorageInternalError); keep beating
                 self.log(f"heartbeat of trial id {self.trial_id} failed ({type(exc).__name__}); retrying")
 
     def __enter__(self) -> "Heartbeat":
@@ -382,8 +416,9 @@ def work_loop(study: optuna.Study, storage: optuna.storages.RDBStorage, n_items:
             return st
         if st.failed and not st.pending:
             raise MSBError(f"{label}: work item(s) {sorted(st.failed)} failed (trial(s) "
-                           f"{[t.number for t in st.failed.values()]} of optuna study {study.study_name!r}); see the "
-                           f"error above or the log of the worker that ran it, then rerun 'msb run' to retry")
+                           f"{[t.number for t in st.failed.values()]} of optuna study {study.study_name!r}; an "
+                           f"error, or a killed worker after {MAX_RETRY} automatic retries); see the log of the "
+                           f"worker that ran it, then rerun 'msb run' (without --worker) to retry")
         with file_lock(claim_lock):
             trial = claim_next(study, storage, exclusive, reseed, log)
         if trial is None:

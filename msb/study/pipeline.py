@@ -111,5 +111,8 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
         write_study_manifest(units, ctx.url)
     finally:
         if ctx.storage is not None:
-            coord.close_storage(ctx.storage)
+            try:
+                coord.close_storage(ctx.storage)
+            except Exception as exc:  # noqa: BLE001 - never hide the study's own error behind a closing one
+                log(f"closing the optuna storage failed ({type(exc).__name__}: {exc})")
     return outcomes

@@ -185,7 +185,7 @@ def run_search(u: StudyUnit, ds: PreparedDataset, ctx: StudyContext) -> Selected
     trial_run = u.make_run(apply_params(u.cfg, params, where, extra))
     trials = [{"number": t.number, "item": t.user_attrs.get("item"), "state": t.state.name, "value": t.value,
                "params": json.loads(t.user_attrs.get("params_json", "{}")), "run_id": t.user_attrs.get("run_id"),
-               "retry_of": t.system_attrs.get("failed_trial")}
+               "retry_of": (t.system_attrs.get("retry_history") or [None])[-1]}
               for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number) if "item" in t.user_attrs]
     write_json(u.state_dir / "selected.json", {
         "method": s.method, "metric": metric, "direction": "maximize" if maximize else "minimize",

@@ -110,3 +110,52 @@ def test_optuna_deprecations_fail_the_suite():
     # pyproject's filterwarnings turns optuna's deprecation FutureWarnings into errors
     with pytest.raises(FutureWarning, match="has been deprecated in v"):
         optuna.storages.RetryFailedTrialCallback()
+
+
+def test_retry_does_not_inherit_the_dead_owner_and_a_silent_claimer_is_recovered(tmp_path: Path):
+    storage, study = _study(tmp_path, 1, heartbeat_interval=1, grace_period=1)
+    t = coord.claim_next(study, storage, exclusive=False)
+    t.set_user_attr("owner", _dead_owner())
+    assert coord.claim_next(study, storage, exclusive=False).number == 1  # the retry, claimed at once
+    retry = coord.frozen_trial(study, 1)
+    assert retry.user_attrs["owner"] == coord.owner_id()  # ours, not the dead process's
+    # its claimer dies silently: no beat for longer than the grace period -> failed and retried once more
+    time.sleep(2.5)
+    assert coord.claim_next(study, storage, exclusive=False).number == 2
+    assert [(x.number, x.state.name) for x in study.get_trials()] == [(0, "FAIL"), (1, "FAIL"), (2, "RUNNING")]
+    assert coord.retries_used(coord.frozen_trial(study, 2)) == 2
+
+
+def test_automatic_retries_stop_at_the_limit_and_a_plain_rerun_resets_them(tmp_path: Path):
+    storage, study = _study(tmp_path, 1)
+    logs: list[str] = []
+    for _ in range(coord.MAX_RETRY + 1):
+        t = coord.claim_next(study, storage, exclusive=False, log=logs.append)
+        if t is None:
+            break
+        t.set_user_attr("owner", _dead_owner())
+    assert coord.claim_next(study, storage, exclusive=False, log=logs.append) is None
+    assert len(study.get_trials()) == coord.MAX_RETRY + 1  # the first try and MAX_RETRY retries
+    assert any("not retried (3 automatic retries used" in m for m in logs)
+    st = coord.items_status(study, 1)
+    assert list(st.failed) == [0] and not st.pending
+    coord.retry_failed(study, st.failed[0])  # a plain rerun: one more copy, whose retry chain starts anew
+    again = coord.claim_next(study, storage, exclusive=False)
+    assert again is not None
+    assert coord.frozen_trial(study, again.number).system_attrs["retry_history"] == [st.failed[0].number]
+
+
+def test_heartbeat_thread_survives_a_storage_error(tmp_path: Path):
+    class Flaky:
+        def __init__(self):
+            self.calls = 0
+
+        def record_heartbeat(self, _tid):
+            self.calls += 1
+            if self.calls == 1:
+                raise optuna.exceptions.StorageInternalError("database is locked")
+
+    flaky, logs = Flaky(), []
+    with coord.Heartbeat(flaky, 7, 0.1, logs.append):
+        time.sleep(0.45)
+    assert flaky.calls >= 3 and logs == ["heartbeat of trial id 7 failed (StorageInternalError); retrying"]
