@@ -51,14 +51,16 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         storage: Optional[str] = typer.Option(None, help="Optuna RDB storage URL shared by the workers, e.g. "
                                               "postgresql://user:pass@host/db (default: SQLite in the study folder)."),
         heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
-        grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead.")) -> None:
+        grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead."),
+        wait: bool = typer.Option(False, "--wait", help="If another plain 'msb run' of this study is running, wait "
+                                  "for it to end instead of stopping.")) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
     from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.study.pipeline import run_study
 
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
-                         heartbeat_interval=heartbeat_interval, grace_period=grace_period)
+                         heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
     paths = [p for o in outcomes for p in o.counts_paths]
     table = reaggregate(read_counts(paths))
     out_dir = outcomes[0].run_dir.parent

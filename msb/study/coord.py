@@ -34,6 +34,7 @@ A trial whose work raised an error is told ``FAIL``; plain ``msb run`` re-enqueu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
@@ -54,7 +55,7 @@ from msb.errors import MSBError
 
 __all__ = ["default_storage_url", "open_storage", "close_storage", "get_or_create_study", "owner_id",
            "owner_alive", "claim_next", "retry_failed", "Heartbeat", "file_lock", "items_status", "ItemsStatus",
-           "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY", "retries_used"]
+           "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY", "retries_used", "reopen"]
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -113,6 +114,21 @@ def retries_used(trial: FrozenTrial) -> int:
     return len(trial.system_attrs.get("retry_history", []))
 
 
+def _sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL (None for other URLs and in-memory SQLite)."""
+    if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+        return None
+    return Path(url[len("sqlite:///"):])
+
+
+def _schema_race(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost race to create optuna's tables (another process created them first)."""
+    if isinstance(exc, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
+        return True
+    text = f"{exc} {getattr(exc, '__cause__', '') or ''}".lower()
+    return "already exists" in text or "duplicate" in text
+
+
 def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120) -> optuna.storages.RDBStorage:
     """An optuna ``RDBStorage`` with heartbeats; stale trials are retried by
     ``RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)``.
@@ -129,16 +145,23 @@ def open_storage(url: str, heartbeat_interval: int = 30, grace_period: int = 120
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else \
         {"pool_pre_ping": True}
     last: Exception | None = None
-    for attempt in range(4):  # workers starting together on a fresh database race to create optuna's tables
+    # workers starting together on a fresh database race to create optuna's tables: on SQLite the schema is
+    # created under a lock file beside the database; on a server, a lost race is retried
+    db = _sqlite_path(url)
+    lock = file_lock(db.with_name(db.name + ".schema.lock")) if db is not None else contextlib.nullcontext()
+    for attempt in range(4):
         try:
-            with warnings.catch_warnings():  # heartbeat arguments are marked experimental by optuna
+            with lock, warnings.catch_warnings():  # heartbeat arguments are marked experimental by optuna
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(
                     url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
                     grace_period=grace_period,
                     heartbeat_stale_trial_callback=_RetryWithoutOwner(MAX_RETRY))
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:  # table-creation race
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError,
+                optuna.exceptions.StorageInternalError) as exc:
             last = exc
+            if not _schema_race(exc):
+                break
             time.sleep(0.5 + attempt + random.random())
         except Exception as exc:  # noqa: BLE001 - driver/connection errors vary by backend
             last = exc
@@ -233,6 +256,20 @@ def owner_alive(owner: str | None) -> bool | None:
     return start == "?" or _start_time(pid) == start
 
 
+def reopen(study: optuna.Study, storage: optuna.storages.BaseStorage, number: int) -> bool:
+    """Put the ``RUNNING`` trial ``number`` back to ``WAITING`` so that the next claim (``ask()`` pops the smallest
+    number first) continues it under the same number (module docstring: why the number matters).
+
+    Returns:
+        False when the trial had finished meanwhile (nothing changed).
+    """
+    try:
+        storage.set_trial_state_values(trial_id(storage, study, number), state=TrialState.WAITING)
+        return True
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+
+
 def retry_failed(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue one ``WAITING`` copy of the failed ``trial`` (optuna's retry callback without a limit, and the
     automatic-retry budget starts again: a user's rerun asks for it)."""
@@ -265,10 +302,7 @@ def claim_next(study: optuna.Study, storage: optuna.storages.RDBStorage, exclusi
         if exclusive:
             log(f"re-attaching trial {t.number} (item {t.user_attrs.get('item')}) of {study.study_name}: "
                 f"its process ended")
-            try:
-                storage.set_trial_state_values(trial_id(storage, study, t.number), state=TrialState.WAITING)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # finished meanwhile (only when a plain run is mixed with workers, which the docs forbid)
+            reopen(study, storage, t.number)  # False: finished meanwhile (plain run mixed with workers)
             continue
         try:
             study.tell(t.number, state=TrialState.FAIL)
@@ -431,6 +465,10 @@ def work_loop(study: optuna.Study, storage: optuna.storages.RDBStorage, n_items:
         with Heartbeat(storage, trial_id(storage, study, trial.number), heartbeat_interval, log):
             try:
                 work(trial)
+            except KeyboardInterrupt:  # Ctrl-C: continue it later under the same number, as after kill -9
+                if reopen(study, storage, trial.number):
+                    log(f"{label}: interrupted; trial {trial.number} is re-opened and continues on the next run")
+                raise
             except BaseException:
                 try:
                     study.tell(trial, state=TrialState.FAIL)

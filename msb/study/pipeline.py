@@ -33,7 +33,8 @@ from msb.study.crossval import cross_validate, ensure_folds
 from msb.study.external import resolve_external
 from msb.study.final import final_single, finalize_folds, write_study_manifest
 from msb.study.search import run_search
-from msb.study.units import StudyContext, StudyUnit, check_spec, prepare_lock, study_units, write_state
+from msb.study.units import (StudyContext, StudyUnit, check_spec, prepare_lock, study_lock, study_units,
+                             write_state)
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["run_study"]
@@ -56,7 +57,8 @@ def _open_storage(ctx: StudyContext, units: list[StudyUnit]) -> None:
 @notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
 def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = no_log,
               run_root: str | None = None, worker: bool = False, storage: str | None = None,
-              heartbeat_interval: int = 30, grace_period: int = 120, poll_s: float = 2.0) -> list[RunOutcome]:
+              heartbeat_interval: int = 30, grace_period: int = 120, poll_s: float = 2.0,
+              wait: bool = False) -> list[RunOutcome]:
     """Run (or resume, or join as a worker) every unit of a study file (module docstring).
 
     Args:
@@ -69,16 +71,27 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
             ``worker``) opens it even for a plain study.
         heartbeat_interval, grace_period: seconds between heartbeats / before a silent trial is stale.
         poll_s: seconds between checks while waiting for other processes.
+        wait: a plain run queues behind another plain run of the same study instead of refusing
+            (:func:`msb.study.units.study_lock`).
 
     Returns:
         One :class:`RunOutcome` per evaluated run (fold runs and the ensemble, or the single final run).
 
     Raises:
-        MSBError: config errors, a changed study spec, failed work items, unreachable storage, data errors.
+        MSBError: config errors, a changed study spec, failed work items, unreachable storage, data errors,
+            another plain run of the study holding its lock (without ``wait``).
     """
     units = study_units(study_path, run_root)
     if not units:
         return []
+    if worker:
+        return _run_units(study_path, units, track, log, worker, storage, heartbeat_interval, grace_period, poll_s)
+    with study_lock(units[0].root, wait, log):
+        return _run_units(study_path, units, track, log, worker, storage, heartbeat_interval, grace_period, poll_s)
+
+
+def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, log: Logger, worker: bool,
+               storage: str | None, heartbeat_interval: int, grace_period: int, poll_s: float) -> list[RunOutcome]:
     root, rule = find_configs_root(study_path, units[0].spec.configs_root)
     log(f"configs root: {root} ({rule})")
     ctx = StudyContext(storage, not worker, heartbeat_interval, grace_period, poll_s, track, log)

@@ -7,11 +7,14 @@ in ``<run_root>/<study>/_study/<unit>/`` (``spec.json``, ``state.json``, ``selec
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import filelock
 
@@ -26,7 +29,8 @@ from msb.study.manifest import read_json, write_json
 from msb.utils.hashing import sha256_json
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
-__all__ = ["StudyUnit", "StudyContext", "study_units", "check_spec", "unit_lock", "prepare_lock", "write_state"]
+__all__ = ["StudyUnit", "StudyContext", "study_units", "check_spec", "unit_lock", "prepare_lock", "write_state",
+           "study_lock"]
 
 
 @dataclass
@@ -193,3 +197,39 @@ def write_state(u: StudyUnit, **parts: Any) -> None:
     state = read_json(path) or {}
     state.update(parts)
     write_json(path, state, stamp=True)
+
+
+@contextlib.contextmanager
+def study_lock(root: Path, wait: bool = False, log: Logger = no_log) -> Iterator[None]:
+    """Hold ``<root>/_study/locks/study.lock`` for a plain ``msb run`` (one such process per study folder at a
+    time; ``--worker`` processes coordinate through the optuna storage instead). The holder is recorded in
+    ``study.owner`` (``host:pid:start``, start time, command line) so a refused run can say who holds it; the
+    lock itself is released by the operating system when the holder dies, so a stale owner file means nothing.
+
+    Args:
+        root: ``<run_root>/<study>``; wait: block until the lock is free (``--wait``) instead of refusing.
+
+    Raises:
+        MSBError: the lock is held by another process and ``wait`` is False (the message names the holder).
+    """
+    from msb.study.coord import owner_id
+
+    locks = root / "_study" / "locks"
+    lock = file_lock(locks / "study.lock")
+    owner_file = locks / "study.owner"
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        holder = read_json(owner_file) or {}
+        who = f"{holder.get('owner', 'another process')} (since {holder.get('started', '?')})"
+        if not wait:
+            raise MSBError(f"{root}: another 'msb run' of this study is running: {who}; wait for it to end, rerun "
+                           f"with --wait to queue behind it, or use --worker processes to share the work") from None
+        log(f"waiting for the other 'msb run' of this study to end: {who}")
+        lock.acquire()
+    try:
+        write_json(owner_file, {"owner": owner_id(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                "command": " ".join(sys.argv)})
+        yield
+    finally:
+        lock.release()

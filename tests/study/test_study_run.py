@@ -169,3 +169,28 @@ def test_study_kept_outside_the_configs_tree_runs_and_names_its_root(tmp_path, m
     assert f"configs root: {root} (./configs of the working directory)" in " ".join(r.stdout.split())
     counts = list((project / "runs" / "outside").glob("*/evaluation/best/counts.parquet"))
     assert len(counts) == 1 and pd.read_parquet(counts[0])["dataset"].unique().tolist() == ["synthetic"]
+
+
+def test_second_plain_run_of_a_study_is_refused_or_waits(tmp_path, make_project, msb_cli, msb_popen):
+    """One plain `msb run` per study folder: a second one names the holder and exits 2 without writing; with
+    --wait it queues and then finishes."""
+    import time
+
+    from msb.study.coord import owner_id
+    from msb.study.units import study_lock
+
+    study = make_project(tmp_path, {"study": "locked"})
+    root = tmp_path / "runs" / "locked"
+    with study_lock(root):
+        r = msb_cli("run", str(study))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        msg = " ".join(r.stderr.split())
+        assert "another 'msb run' of this study is running" in msg and owner_id() in msg and "--wait" in msg
+        assert sorted(p.name for p in root.iterdir()) == ["_study"]  # no run folder was started
+        waiting = msb_popen("run", str(study), "--wait", log=tmp_path / "wait.log")
+        t0 = time.monotonic()
+        while "waiting for the other 'msb run'" not in (tmp_path / "wait.log").read_text():
+            assert waiting.poll() is None and time.monotonic() - t0 < 120
+            time.sleep(0.1)
+    assert waiting.wait(timeout=300) == 0
+    assert len(list(root.glob("*/evaluation/best/counts.parquet"))) == 1
