@@ -7,6 +7,7 @@ A user error (:class:`msb.errors.MSBError`: bad config, bad data, missing file) 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -316,13 +317,19 @@ def _click_exception_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
     """Console-script entry point.
 
     A :class:`MSBError` prints one line and exits 2; a usage error (unknown command/option, bad value) prints
-    click's short usage message and exits 2; Ctrl-C prints ``aborted`` and exits 130 (a rerun of
-    ``msb run`` resumes). ``msb --debug ...`` re-raises errors with their traceback.
+    click's short usage message and exits 2; Ctrl-C (and SIGTERM, handled the same way: a study re-opens its
+    running trial) prints ``aborted`` and exits 130 (a rerun of ``msb run`` resumes). ``msb --debug ...``
+    re-raises errors with their traceback.
     """
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         rc = app(standalone_mode=False)
     except MSBError as exc:

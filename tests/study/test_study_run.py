@@ -194,3 +194,33 @@ def test_second_plain_run_of_a_study_is_refused_or_waits(tmp_path, make_project,
             time.sleep(0.1)
     assert waiting.wait(timeout=300) == 0
     assert len(list(root.glob("*/evaluation/best/counts.parquet"))) == 1
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_search_trial_resumes_it_under_its_number(tmp_path, make_project, msb_cli, msb_popen):
+    """SIGTERM (like Ctrl-C) mid-trial: exit 130, the trial is re-opened (WAITING, not FAIL, no copy); the rerun
+    finishes with trials 0 and 1 only, as an uninterrupted study."""
+    import json
+    import signal
+    import time
+
+    import optuna
+
+    study = make_project(tmp_path, {"study": "term", "overrides": {"train": {"epochs": 2}},
+                                    "search": {"method": "grid", "params": {"train.optimizer.lr": [0.001, 0.002]}}})
+    sdir = tmp_path / "runs" / "term"
+    proc = msb_popen("run", str(study), log=tmp_path / "term.log")
+    t0 = time.monotonic()
+    while not list(sdir.glob("*/state/train_state.pt")):
+        assert proc.poll() is None and time.monotonic() - t0 < 240
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130, (tmp_path / "term.log").read_text()
+    url = f"sqlite:///{sdir / '_study' / 'optuna.db'}"
+    (name,) = [s.study_name for s in optuna.get_all_study_summaries(url)]
+    states = [(t.number, t.state.name) for t in optuna.load_study(study_name=name, storage=url).get_trials()]
+    assert states == [(0, "WAITING"), (1, "WAITING")]
+    r = msb_cli("run", str(study))
+    assert r.returncode == 0, r.stderr
+    sel = json.loads((sdir / "_study" / "synthetic-unet_tiny" / "selected.json").read_text())
+    assert [(t["number"], t["state"]) for t in sel["trials"]] == [(0, "COMPLETE"), (1, "COMPLETE")]
