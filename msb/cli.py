@@ -84,7 +84,7 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
              run_root: Optional[str] = typer.Option(None, help="With a study YAML: override run_root.")) -> None:
     """Reload a checkpoint (SHA-256 verified), predict the test split, write counts and predictions."""
     from msb.analysis.aggregate import reaggregate, render_scores_table
-    from msb.analysis.counts_io import read_counts
+    from msb.analysis.counts_io import read_counts_with_report
     from msb.engine.runner import evaluate_run
 
     if checkpoint not in ("best", "latest", "both"):
@@ -98,7 +98,10 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
         raise MSBError("--class-map and --split apply to --external evaluations only; add --external DATASET")
     else:
         paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
-    console.print(render_scores_table(reaggregate(read_counts(paths))))
+    df, report = read_counts_with_report(paths)  # digests verified
+    for note in report.notes:
+        log(note)
+    console.print(render_scores_table(reaggregate(df)))
 
 
 @app.command()
@@ -147,18 +150,47 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
 @app.command()
 def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>.")) -> None:
-    """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference."""
+    """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
+
+    Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
+    file against the folder's ``digests.json``, and the predictions against the counts' images (a missing or
+    extra prediction file is refused with the ids and the command that regenerates the evaluation). The new
+    ``metrics.parquet``'s digest is recorded after it is written."""
     import pandas as pd
 
+    from msb.analysis.counts_io import read_counts_with_report
     from msb.config.layering import load_yaml
     from msb.config.schema import RunConfig
     from msb.evaluation.image_metrics import summarize_metrics, write_run_metrics
+    from msb.utils.digests import drop_digest, set_digest
+    from msb.utils.evaluation_folder import check_predictions, regenerate_command, unverified_note
+    from msb.utils.fault_points import fault_point
+    from msb.utils.hashing import sha256_file
+    from msb.utils.interrupted import clean_interrupted_writes
 
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
     cfg = RunConfig.model_validate(load_yaml(cfg_path))
-    for path in write_run_metrics(run_dir, cfg.evaluation.metrics):
+    clean_interrupted_writes(run_dir, log)
+    eval_dirs = sorted(p.parent for p in (run_dir / "evaluation").glob("*/predictions") if p.is_dir())
+    unverified = []
+    for d in eval_dirs:  # the same folders write_run_metrics reads
+        if not (d / "counts.parquet").is_file():
+            raise MSBError(f"{d / 'counts.parquet'}: missing, so the predictions cannot be checked against it; "
+                           f"regenerate the evaluation: {regenerate_command(d)}")
+        counts, _ = read_counts_with_report(d / "counts.parquet")  # refuses a digest mismatch
+        if not check_predictions(d, counts["image_id"].astype(str).unique()):
+            unverified.append(d)
+    if unverified:
+        log(unverified_note(unverified))
+    for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
+        drop_digest(d, "metrics.parquet")
+    written = write_run_metrics(run_dir, cfg.evaluation.metrics)
+    for path in written:
+        fault_point("metrics.written")
+        set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
+    for path in written:
         summary = summarize_metrics(pd.read_parquet(path))
         table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention})")
         for col in summary.columns:

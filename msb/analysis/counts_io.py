@@ -7,6 +7,13 @@
   file inside it) are dropped, keeping the first, and counted in the report;
 * conflicting duplicates (same key :data:`~msb.evaluation.counts.KEY_COLUMNS`, some other value
   different) are refused with an :class:`~msb.errors.MSBError` listing the first keys and files.
+
+Before a file is parsed its SHA-256 is checked against the ``digests.json`` of its folder (written by the
+evaluator, :mod:`msb.utils.evaluation_folder`); a mismatch (a flipped byte, a truncated file, a hand edit) is
+refused with one line naming the file and the command that regenerates it. Files in folders without
+``digests.json`` (written before digests existed) are read unverified, with one note in the report.
+Files inside hidden folders (staging folders of interrupted evaluations, ``.msb_cache``) are not results
+and are skipped when a folder is searched.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from msb.errors import MSBError
@@ -27,6 +35,7 @@ from msb.evaluation.counts import (
     KEY_COLUMNS,
     row_problems,
 )
+from msb.utils.evaluation_folder import check_counts_digest, regenerate_command, unverified_note
 
 __all__ = ["COUNTS_FILENAME", "CountsReadReport", "find_counts_files", "read_counts",
            "read_counts_with_report"]
@@ -47,7 +56,8 @@ class CountsReadReport:
         n_rows_read: rows read over all files, before dropping duplicates.
         n_duplicates_dropped: exact duplicate rows dropped.
         n_rows: rows returned.
-        notes: human-readable remarks for the CLI (e.g. how many duplicates were dropped).
+        notes: human-readable remarks for the CLI (how many duplicates were dropped; one line naming the
+            folders read without ``digests.json``, i.e. unverified).
     """
 
     files: tuple[Path, ...]
@@ -62,7 +72,8 @@ def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> lis
 
     Args:
         paths: one path or a list; a file is taken as is, a folder contributes every
-            ``counts.parquet`` below it (recursively, sorted).
+            ``counts.parquet`` below it (recursively, sorted), except those inside hidden folders
+            (``.<name>...``: staging folders of interrupted writes, caches).
 
     Returns:
         List of file paths in argument order.
@@ -79,7 +90,8 @@ def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> lis
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(p.rglob(COUNTS_FILENAME))
-            found = [f for f in found if f.is_file()]
+            found = [f for f in found if f.is_file()
+                     and not any(part.startswith(".") for part in f.relative_to(p).parts[:-1])]
             if not found:
                 raise MSBError(f"{p}: folder contains no {COUNTS_FILENAME} (searched recursively); "
                                f"run the evaluator first or pass the right folder")
@@ -92,30 +104,37 @@ def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> lis
     return files
 
 
-def _read_one(path: Path) -> pd.DataFrame:
-    """Read and validate one count file; return its schema columns in schema order."""
+def _read_one(path: Path) -> tuple[pd.DataFrame, bool]:
+    """Read and validate one count file; return its schema columns in schema order and whether its digest
+    was verified (False: its folder has no ``digests.json``)."""
     try:
-        table = pq.read_table(path)
+        data = path.read_bytes()
+    except OSError as e:
+        raise MSBError(f"{path}: cannot read ({type(e).__name__}: {e})") from None
+    verified = check_counts_digest(path, data)
+    fix = regenerate_command(path.parent)
+    try:
+        table = pq.read_table(pa.BufferReader(data))
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
-        raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); pass a "
-                       f"{COUNTS_FILENAME} written by the msb evaluator") from None
+        raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); the file is damaged or "
+                       f"not a {COUNTS_FILENAME} written by the msb evaluator; regenerate it with: {fix}") from None
     missing = [c for c in COUNTS_COLUMNS if c not in table.column_names]
     if missing:
-        raise MSBError(f"{path}: not a counts file, missing columns {missing}; re-run the "
-                       f"evaluator to rewrite it with the current schema")
+        raise MSBError(f"{path}: not a counts file, missing columns {missing}; rewrite it with the "
+                       f"current schema: {fix}")
     df = table.select(list(COUNTS_COLUMNS)).to_pandas()
     for col, kind in COUNTS_COLUMNS.items():
         s = df[col]
         if s.isna().any():
             i = int(np.flatnonzero(s.isna().to_numpy())[0])
             raise MSBError(f"{path}: column {col!r} has missing values (first at row {i}); "
-                           f"re-run the evaluator")
+                           f"regenerate it with: {fix}")
         ok = (pd.api.types.is_string_dtype(s) if kind == "string"
               else pd.api.types.is_integer_dtype(s) if kind == "int64"
               else pd.api.types.is_float_dtype(s) or pd.api.types.is_integer_dtype(s))
         if not ok:
             raise MSBError(f"{path}: column {col!r} has dtype {s.dtype}, expected {kind}; "
-                           f"re-run the evaluator")
+                           f"regenerate it with: {fix}")
     versions = set(int(v) for v in df["schema_version"].unique())
     newer = sorted(v for v in versions if v > COUNTS_SCHEMA_VERSION)
     if newer:
@@ -124,10 +143,10 @@ def _read_one(path: Path) -> pd.DataFrame:
     problems = row_problems(df)
     if problems:
         raise MSBError(f"{path}: " + "; ".join(problems) + "; the file is corrupt or was edited, "
-                       "re-run the evaluator")
+                       f"regenerate it with: {fix}")
     if df["threshold"].dtype != np.float64:
         df["threshold"] = df["threshold"].astype(np.float64)
-    return df
+    return df, verified
 
 
 def _key_text(row: pd.Series) -> str:
@@ -143,8 +162,11 @@ def read_counts_with_report(
     """Like :func:`read_counts` but also return a :class:`CountsReadReport`."""
     files = find_counts_files(paths)
     frames = []
+    unverified: list[Path] = []
     for i, f in enumerate(files):
-        df = _read_one(f)
+        df, verified = _read_one(f)
+        if not verified and f.parent not in unverified:
+            unverified.append(f.parent)
         df["_file"] = i
         frames.append(df)
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -172,9 +194,11 @@ def read_counts_with_report(
             + ". Pass each evaluation once, or remove the stale counts file")
 
     df = df.drop(columns="_file").reset_index(drop=True)
-    notes = ()
+    notes: tuple[str, ...] = ()
     if n_dup:
         notes = (f"dropped {n_dup} exact duplicate row(s) (same values in every column)",)
+    if unverified:
+        notes = (*notes, unverified_note(unverified))
     report = CountsReadReport(files=tuple(files), n_rows_read=n_read, n_duplicates_dropped=n_dup,
                               n_rows=len(df), notes=notes)
     return df, report
@@ -196,7 +220,8 @@ def read_counts(paths: list[str | os.PathLike] | str | os.PathLike) -> pd.DataFr
 
     Raises:
         MSBError: naming the file (and for row problems the row position, ``image_id`` and
-            ``class_id``): path not found; folder without count files; file not readable as Parquet;
+            ``class_id``) and, for a damaged file, the command that regenerates it: SHA-256 differs from
+            the folder's ``digests.json``; path not found; folder without count files; file not readable as Parquet;
             missing columns (listed); missing values or wrong dtypes; negative counts; derived counts
             inconsistent; ``tp + fp + fn + tn != height * width``; unknown ``threshold_on``; newer
             schema version; conflicting duplicate keys (first keys and files listed).

@@ -141,9 +141,22 @@ def run_fold(run_dir: Path) -> int:
 def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = None, track: Tracker = no_track,
                  log: Logger = no_log, force: bool = False) -> list[Path]:
     """Evaluate checkpoints ``roles`` of a trained run folder (reads ``config.yaml``; skips a role whose
-    counts already exist for the same checkpoint SHA-256 unless ``force``). Returns the counts paths."""
+    counts already exist for the same checkpoint SHA-256 unless ``force``). Returns the counts paths.
+
+    Leftovers of interrupted writes in the run folder are removed first
+    (:func:`msb.utils.interrupted.clean_interrupted_writes`). Each evaluation is written into a staging folder and
+    swapped in whole (:func:`msb.evaluation.evaluator.evaluate_checkpoint`); ``DONE`` is written after the swap,
+    so ``--force`` keeps the old complete evaluation until the new one is complete.
+
+    Raises:
+        MSBError: not a run folder; a checkpoint file whose record is gone (``records.json`` deleted); a
+            finished evaluation with files missing (:func:`msb.utils.evaluation_folder.check_done_folder`); see
+            :func:`~msb.evaluation.evaluator.evaluate_checkpoint`.
+    """
     from msb.evaluation.evaluator import evaluate_checkpoint
     from msb.config.layering import load_yaml
+    from msb.utils.evaluation_folder import check_done_folder, unrecorded_checkpoint_error
+    from msb.utils.interrupted import clean_interrupted_writes
 
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.yaml"
@@ -151,21 +164,27 @@ def evaluate_run(run_dir: Path, roles: list[str], ds: PreparedDataset | None = N
         raise MSBError(f"{run_dir}: no such folder; give a run folder runs/<study>/<run_id>")
     if not cfg_path.is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
+    clean_interrupted_writes(run_dir, log)
     cfg = RunConfig.model_validate(load_yaml(cfg_path))
     config_hash = (run_dir / "config.sha256").read_text().strip()
     ds = ds or ensure_dataset(cfg, log)
     records = read_records(run_dir)
     out = []
     for role in roles:
-        counts = run_dir / "evaluation" / role / "counts.parquet"
-        done = run_dir / "evaluation" / role / "DONE"
+        eval_dir = run_dir / "evaluation" / role
+        counts = eval_dir / "counts.parquet"
+        done = eval_dir / "DONE"
+        err = unrecorded_checkpoint_error(run_dir, role, records)
+        if err is not None:
+            raise err
         if not force and done.is_file() and role in records and done.read_text().strip() == records[role].sha256:
+            check_done_folder(eval_dir)
             log(f"[{run_dir.name}] evaluation of '{role}' already done, skipped")
             out.append(counts)
             continue
         res = evaluate_checkpoint(run_dir, cfg, ds, role, run_dir.name, config_hash, track=track,
                                   fold=run_fold(run_dir))
-        atomic_write_text(done, records[role].sha256)
+        atomic_write_text(done, res.checkpoint_sha256)  # DONE last, after the new folder is in place
         log(f"[{run_dir.name}] evaluated '{role}' on {res.n_images} '{cfg.evaluation.split}' images -> {res.counts_path}")
         out.append(res.counts_path)
     return out

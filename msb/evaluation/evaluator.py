@@ -12,7 +12,14 @@ the preprocessing cache (the same resized inputs as training), upsamples the tes
   ``class_ids``;
 - ``metrics.parquet``: boundary and lesion metrics from the stored predictions (``docs/metrics.md``);
 - ``prediction_semantics.json``: test-time rule, the model's test-time adjustment (SANet PCS), the
-  ``evaluation.test_time_normalisation`` (``none``/``minmax``), threshold (:func:`write_prediction_semantics`).
+  ``evaluation.test_time_normalisation`` (``none``/``minmax``), threshold (:func:`write_prediction_semantics`);
+- ``digests.json``: SHA-256 of every file above and the command that regenerates the folder
+  (:mod:`msb.utils.digests`), written after them.
+
+The whole folder is written into a staging folder beside it (``.<role>.staging-*``) and swapped in as a whole
+(:func:`msb.utils.atomic.replace_dir`) only when complete; the old evaluation stays in place, untouched, until
+then, so a ``kill -9`` at any moment leaves either the old complete evaluation or the new one. The caller
+writes ``DONE`` after the swap (:func:`msb.engine.runner.evaluate_run`).
 
 Before the threshold the model's :meth:`~msb.models.base.Segmentor.adjust_test_logits` is applied to the
 native-size logits and, with ``test_time_normalisation: minmax``, each probability map is min-max rescaled
@@ -21,6 +28,7 @@ native-size logits and, with ``test_time_normalisation: minmax``, each probabili
 
 from __future__ import annotations
 
+import errno
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +48,10 @@ from msb.errors import MSBError
 from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
 from msb.evaluation.postprocess import apply_normalisation
 from msb.models.registry import build_model
-from msb.utils.atomic import atomic_path
+from msb.utils.atomic import atomic_path, replace_dir, staging_dir
 from msb.utils.device import select_device
+from msb.utils.evaluation_folder import evaluate_command, seal_folder
+from msb.utils.fault_points import fault_point
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["EvaluationResult", "evaluate_checkpoint", "write_prediction_semantics", "ExternalTarget",
@@ -50,13 +60,15 @@ __all__ = ["EvaluationResult", "evaluate_checkpoint", "write_prediction_semantic
 
 @dataclass
 class EvaluationResult:
-    """Paths written by :func:`evaluate_checkpoint` and the number of images evaluated."""
+    """Paths written by :func:`evaluate_checkpoint`, the number of images evaluated and the SHA-256 of the
+    checkpoint file evaluated (what ``DONE`` records)."""
 
     role: str
     counts_path: Path
     predictions_dir: Path
     metrics_path: Path | None
     n_images: int
+    checkpoint_sha256: str = ""
 
 
 @dataclass
@@ -136,9 +148,12 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     masks are mapped onto the model's classes (``ds``, the training dataset) with ``external.class_map``, and
     the outputs go to ``external.out_dir``.
 
+    The folder is written into a staging folder and swapped in only when complete (module docstring); on
+    any error the staging folder is deleted and the previous evaluation is left as it was.
+
     Raises:
         MSBError: the checkpoint is missing or its SHA-256 differs; the split is empty; a mask value is not
-            covered by ``classes.csv``.
+            covered by ``classes.csv``; the disk is full (the message names the path and the free space).
     """
     split = split or cfg.evaluation.split
     payload, rec = load_checkpoint(run_dir, role)
@@ -153,8 +168,7 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
         raise MSBError(f"{run_dir / 'split.csv'}: split '{split}' has no samples; nothing to evaluate")
     classes = ds.foreground_classes
     if external is not None:  # from here on, images and references come from the external dataset
-        ds, model_class_ids = external.dataset, [c.class_id for c in classes]
-        src_class_ids = [c.class_id for c in external.dataset.foreground_classes]
+        ds = external.dataset
     model = build_model(cfg.model, len(classes))
     model.load_state_dict(payload["model"])
     device = select_device(cfg.train.device)
@@ -165,16 +179,49 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=False,
                                          num_workers=cfg.data.num_workers)
     out_dir = external.out_dir if external is not None else run_dir / "evaluation" / role
+    stage: Path | None = None
+    try:
+        stage = staging_dir(out_dir)  # the old evaluation in out_dir stays untouched until the swap
+        n = _evaluate_into(stage, run_dir, cfg, ds, role, run_id, config_hash, split, track, fold, external, ids,
+                           classes, model, device, use_amp, loader, rec.sha256)
+        fault_point("evaluate.staged")
+        replace_dir(stage, out_dir)
+    except OSError as exc:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            here = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+            free = shutil.disk_usage(here).free / 2**20
+            raise MSBError(f"{exc.filename or out_dir}: {exc.strerror} ({free:.0f} MiB free there) while writing the "
+                           f"evaluation; the previous evaluation in {out_dir} is unchanged; free disk space and "
+                           f"rerun") from None
+        raise
+    except BaseException:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        raise
+    fault_point("evaluate.swapped")
+    metrics_path = out_dir / "metrics.parquet" if cfg.evaluation.compute_metrics else None
+    return EvaluationResult(role, out_dir / "counts.parquet", out_dir / "predictions", metrics_path, n, rec.sha256)
+
+
+def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
+                   config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
+                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device, use_amp: bool,
+                   loader: torch.utils.data.DataLoader, checkpoint_sha256: str) -> int:
+    """Write the complete evaluation (predictions, counts, semantics, metrics, digests) into the empty staging
+    folder ``out_dir``; return the number of images."""
+    if external is not None:
+        model_class_ids = [c.class_id for c in classes]
+        src_class_ids = [c.class_id for c in external.dataset.foreground_classes]
     pred_dir = out_dir / "predictions"
-    if pred_dir.exists():
-        shutil.rmtree(pred_dir)
-    pred_dir.mkdir(parents=True)
+    pred_dir.mkdir()
     thr, on = cfg.evaluation.threshold, cfg.evaluation.threshold_on
     # the counts' semantics column records min-max normalisation, so reaggregation refuses to pool it
     on_recorded = "minmax_probability" if cfg.evaluation.test_time_normalisation == "minmax" else on
     index = ds.index.set_index("sample_id")
     context = {"dataset": external.name if external is not None else cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
-               "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": rec.sha256,
+               "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": checkpoint_sha256,
                "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded}
     frames = []
     class_ids = np.array([c.class_id for c in classes], dtype=np.int64)
@@ -210,11 +257,12 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
                     arrays["prob"] = np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                 with atomic_path(pred_dir / f"{sid}.npz") as tmp:
                     np.savez_compressed(tmp, **arrays)
-    counts_path = write_counts(pd.concat(frames, ignore_index=True), out_dir / "counts.parquet")
+                fault_point("evaluate.prediction")
+    write_counts(pd.concat(frames, ignore_index=True), out_dir / "counts.parquet")
     write_prediction_semantics(out_dir, cfg, model)
-    metrics_path = None
     if cfg.evaluation.compute_metrics:
         from msb.evaluation.image_metrics import write_metrics_table
 
-        metrics_path = write_metrics_table(out_dir, cfg.evaluation.metrics)
-    return EvaluationResult(role, counts_path, pred_dir, metrics_path, len(ids))
+        write_metrics_table(out_dir, cfg.evaluation.metrics)
+    seal_folder(out_dir, evaluate_command(run_dir, role, external.name if external is not None else None))
+    return len(ids)

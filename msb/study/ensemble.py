@@ -13,8 +13,12 @@ reads artifacts only.
 Outputs in ``<ensemble run folder>/evaluation/.../<role>/``: ``counts.parquet`` (the usual schema, see below),
 ``predictions/<sample_id>.npz`` (``pred``, ``ref``, ``spacing``, ``class_ids``, ``votes`` uint8 (C, H, W) = number
 of folds voting foreground, ``prob`` uint8 = round(255 * votes / K)), ``metrics.parquet`` (optional),
-``ensemble.json`` (members and rule), ``prediction_semantics.json`` (the members' semantics + the vote) and
-``DONE``.
+``ensemble.json`` (members and rule), ``prediction_semantics.json`` (the members' semantics + the vote),
+``digests.json`` (SHA-256 of every file, :mod:`msb.utils.digests`) and ``DONE``. The folder is written into a
+staging folder beside it and swapped in whole (:func:`msb.utils.atomic.replace_dir`), ``DONE`` after the swap:
+a rebuild never deletes the old ensemble until the new one is complete. The members' counts and predictions
+are checked against their ``digests.json`` (and the predictions against the counts' images) before they are
+used.
 
 Counts rows of the ensemble (docs/studies.md): ``fold = -1``; ``run_id = <selected run id>-ensemble``;
 ``model = <arch>-ensemble<K>`` (e.g. ``unet-ensemble5``); ``checkpoint_role`` = the members' role;
@@ -24,10 +28,9 @@ Counts rows of the ensemble (docs/studies.md): ``fold = -1``; ``run_id = <select
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,8 +39,13 @@ import pandas as pd
 
 from msb.errors import MSBError
 from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
-from msb.utils.atomic import atomic_path, atomic_write_text, current_umask, replace_dir
+from msb.utils.atomic import atomic_path, atomic_write_text, replace_dir, staging_dir
+from msb.utils.digests import Digests, check_digest, read_digests
+from msb.utils.evaluation_folder import (check_counts_digest, check_done_folder, check_predictions, ensemble_hint,
+                                         regenerate_command, seal_folder)
+from msb.utils.fault_points import fault_point
 from msb.utils.hashing import sha256_json
+from msb.utils.interrupted import clean_interrupted_writes
 
 __all__ = ["strict_majority", "ensemble_evaluation", "ensemble_model_name", "ensemble_run_id"]
 
@@ -81,11 +89,16 @@ def strict_majority(preds: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray
 
 
 def _member_counts(d: Path) -> pd.DataFrame:
+    """A member's counts, after checking them against its ``digests.json`` and its predictions against them."""
     p = d / "counts.parquet"
     if not p.is_file() or not (d / "predictions").is_dir():
         raise MSBError(f"{d}: no counts.parquet/predictions for this ensemble member; evaluate the fold first "
                        f"(msb run, or msb evaluate --external)")
-    return pd.read_parquet(p)
+    data = p.read_bytes()
+    check_counts_digest(p, data)
+    frame = pd.read_parquet(io.BytesIO(data))
+    check_predictions(d, frame["image_id"].astype(str).unique(), verify=False)  # hashed when read (_vote_all)
+    return frame
 
 
 def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str, model: str,
@@ -95,8 +108,10 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
     path.
 
     Raises:
-        MSBError: a member without counts/predictions; members that evaluated different images, classes,
-            thresholds or references (not the same evaluation set).
+        MSBError: a member without counts/predictions; a member's counts or prediction that differs from its
+            ``digests.json``, or whose predictions do not cover its counts' images (each names the file and the
+            command that regenerates it); members that evaluated different images, classes, thresholds or
+            references (not the same evaluation set); a finished ensemble with files missing.
     """
     member_dirs = [Path(d) for d in member_dirs]
     frames = [_member_counts(d) for d in member_dirs]
@@ -107,6 +122,7 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
                           "run_id": run_id, "model": model})
     done = out_dir / "DONE"
     if not force and done.is_file() and done.read_text().strip() == marker:
+        check_done_folder(out_dir)
         return out_dir / "counts.parquet"
     image_ids = list(dict.fromkeys(first["image_id"].astype(str)))
     for d, f in zip(member_dirs[1:], frames[1:]):
@@ -125,50 +141,60 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
                "run_id": run_id, "model": model, "checkpoint_role": str(first["checkpoint_role"].iloc[0]),
                "checkpoint_sha256": sha256_json(shas), "config_hash": str(first["config_hash"].iloc[0]),
                "threshold": float(first["threshold"].iloc[0]), "threshold_on": str(first["threshold_on"].iloc[0])}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".predictions.", dir=out_dir))  # becomes predictions/ on success
-    try:
-        rows = _vote_all(member_dirs, image_ids, staging, context, class_ids, class_names, per_image)
-        counts_frame = pd.concat(rows, ignore_index=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    pred_dir = out_dir / "predictions"
-    done.unlink(missing_ok=True)
-    os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes it private; give it the usual mode
-    replace_dir(staging, pred_dir)
     k = len(member_dirs)
-    counts_path = write_counts(counts_frame, out_dir / "counts.parquet")
-    if compute_metrics and metrics_config is not None:
-        from msb.evaluation.image_metrics import write_metrics_table
+    clean_interrupted_writes(out_dir.parent)
+    member_digests = [read_digests(d, regenerate_command(d)) for d in member_dirs]
+    stage = staging_dir(out_dir)  # the old ensemble in out_dir stays untouched until the swap
+    try:
+        (stage / "predictions").mkdir()
+        rows = _vote_all(member_dirs, image_ids, stage / "predictions", context, class_ids, class_names, per_image,
+                         member_digests)
+        write_counts(pd.concat(rows, ignore_index=True), stage / "counts.parquet")
+        if compute_metrics and metrics_config is not None:
+            from msb.evaluation.image_metrics import write_metrics_table
 
-        write_metrics_table(out_dir, metrics_config)
-    sem_path = member_dirs[0] / "prediction_semantics.json"
-    sem = json.loads(sem_path.read_text()) if sem_path.is_file() else {}
-    sem.update({"model": model, "ensemble": f"strict majority of {k} members: foreground where 2 * votes > {k}",
-                "prob_encoding": f"uint8 round(255 * votes / {k}) (vote fraction, not a probability)"})
-    atomic_write_text(out_dir / "prediction_semantics.json", json.dumps(sem, indent=2))
-    atomic_write_text(out_dir / "ensemble.json", json.dumps(
-        {"rule": "strict majority: foreground where 2 * votes > K", "k": k,
-         "members": [{"dir": str(d), "checkpoint_sha256": s} for d, s in zip(member_dirs, shas)],
-         "run_id": run_id, "model": model}, indent=2))
-    atomic_write_text(done, marker)
-    return counts_path
+            write_metrics_table(stage, metrics_config)
+        sem_path = member_dirs[0] / "prediction_semantics.json"
+        sem = json.loads(sem_path.read_text()) if sem_path.is_file() else {}
+        sem.update({"model": model, "ensemble": f"strict majority of {k} members: foreground where 2 * votes > {k}",
+                    "prob_encoding": f"uint8 round(255 * votes / {k}) (vote fraction, not a probability)"})
+        atomic_write_text(stage / "prediction_semantics.json", json.dumps(sem, indent=2))
+        atomic_write_text(stage / "ensemble.json", json.dumps(
+            {"rule": "strict majority: foreground where 2 * votes > K", "k": k,
+             "members": [{"dir": str(d), "checkpoint_sha256": s} for d, s in zip(member_dirs, shas)],
+             "run_id": run_id, "model": model}, indent=2))
+        seal_folder(stage, ensemble_hint(out_dir))
+        fault_point("ensemble.staged")
+        replace_dir(stage, out_dir)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    atomic_write_text(done, marker)  # DONE last, after the new folder is in place
+    return out_dir / "counts.parquet"
 
 
 def _vote_all(member_dirs: list[Path], image_ids: list[str], pred_dir: Path, context: dict[str, Any],
-              class_ids: list[int], class_names: list[str], per_image: pd.DataFrame) -> list[pd.DataFrame]:
+              class_ids: list[int], class_names: list[str], per_image: pd.DataFrame,
+              member_digests: Sequence[Digests | None] | None = None) -> list[pd.DataFrame]:
     """Vote every image (strict majority), write its ``.npz`` into ``pred_dir``; return the counts rows.
 
+    ``member_digests``: each member's ``digests.json`` (None for a member written before digests); every
+    prediction read is checked against it.
+
     Raises:
-        MSBError: a member's reference differs from the first member's (not the same evaluation set).
+        MSBError: a member's prediction differs from its digest; a member's reference differs from the first
+            member's (not the same evaluation set).
     """
     rows = []
     k = len(member_dirs)
+    member_digests = list(member_digests) if member_digests is not None else [None] * k
     for sid in image_ids:
         members = []
-        for d in member_dirs:
-            with np.load(d / "predictions" / f"{sid}.npz", allow_pickle=False) as z:
+        for d, dg in zip(member_dirs, member_digests):
+            data = (d / "predictions" / f"{sid}.npz").read_bytes()
+            if dg is not None:
+                check_digest(dg, f"predictions/{sid}.npz", data=data)
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 members.append({key: z[key] for key in ("pred", "ref", "spacing", "class_ids")})
         ref = members[0]["ref"]
         for d, m in zip(member_dirs[1:], members[1:]):
@@ -184,4 +210,5 @@ def _vote_all(member_dirs: list[Path], image_ids: list[str], pred_dir: Path, con
             np.savez_compressed(tmp, pred=ens, ref=ref, spacing=members[0]["spacing"],
                                 class_ids=members[0]["class_ids"], votes=votes,
                                 prob=np.round(255.0 * votes / k).astype(np.uint8))
+        fault_point("ensemble.prediction")
     return rows

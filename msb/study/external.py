@@ -241,23 +241,34 @@ def evaluate_external(run_dir: Path, roles: Sequence[str], ext: ExternalSet, tra
     """Evaluate checkpoints ``roles`` of ``run_dir`` on ``ext`` (see module docstring); skip evaluations whose
     ``DONE`` matches. Returns the counts paths.
 
+    Leftovers of interrupted writes in the run folder are removed first; each evaluation folder is written into
+    a staging folder and swapped in whole (:func:`msb.evaluation.evaluator.evaluate_checkpoint`), ``DONE`` after
+    the swap, so ``--force`` keeps the old complete evaluation until the new one is complete.
+
     Raises:
-        MSBError: not a run folder; a missing/changed checkpoint; mask values not in the external classes.csv.
+        MSBError: not a run folder; a missing/changed checkpoint, or a checkpoint file whose record is gone;
+            a finished evaluation with files missing; mask values not in the external classes.csv.
     """
     from msb.config.layering import load_yaml
     from msb.config.schema import RunConfig
     from msb.engine.runner import run_fold
     from msb.evaluation.evaluator import ExternalTarget, evaluate_checkpoint
     from msb.models.checkpoint import read_records
+    from msb.utils.evaluation_folder import check_done_folder, unrecorded_checkpoint_error
+    from msb.utils.interrupted import clean_interrupted_writes
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
+    clean_interrupted_writes(run_dir, log)
     cfg = RunConfig.model_validate(load_yaml(run_dir / "config.yaml"))
     config_hash = (run_dir / "config.sha256").read_text().strip()
     records = read_records(run_dir)
     out = []
     for role in roles:
+        err = unrecorded_checkpoint_error(run_dir, role, records)
+        if err is not None:
+            raise err
         if role not in records:
             raise MSBError(f"{run_dir}: no '{role}' checkpoint recorded; train the run first or choose another role")
         d = external_eval_dir(run_dir, ext.name, role)
@@ -269,13 +280,15 @@ def evaluate_external(run_dir: Path, roles: Sequence[str], ext: ExternalSet, tra
             except ValueError:
                 old = None
             if old == marker:
+                check_done_folder(d)
                 log(f"[{run_dir.name}] external evaluation '{ext.name}' ({role}) already done, skipped")
                 out.append(d / "counts.parquet")
                 continue
         target = ExternalTarget(ext.dataset, ext.name, ext.split, ext.sample_ids, ext.class_map, d)
         res = evaluate_checkpoint(run_dir, cfg, train_ds, role, run_dir.name, config_hash, track=track,
                                   fold=run_fold(run_dir), external=target)
-        atomic_write_text(done, json.dumps(marker))
+        marker["checkpoint_sha256"] = res.checkpoint_sha256 or marker["checkpoint_sha256"]
+        atomic_write_text(done, json.dumps(marker))  # DONE last, after the new folder is in place
         log(f"[{run_dir.name}] evaluated '{role}' on external '{ext.name}' ({res.n_images} images) -> {res.counts_path}")
         out.append(res.counts_path)
     return out
