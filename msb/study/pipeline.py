@@ -28,13 +28,14 @@ from msb.data.prepare import ensure_dataset
 from msb.data.schema import PreparedDataset
 from msb.engine.runner import RunOutcome
 from msb.notify.study import notify_on_completion
-from msb.study import coord
 from msb.study.crossval import cross_validate, ensure_folds
 from msb.study.external import resolve_external
 from msb.study.final import final_single, finalize_folds, write_study_manifest
 from msb.study.search import run_search
+from msb.study.storage import close_storage, default_storage_url, open_storage
 from msb.study.units import (StudyContext, StudyUnit, check_spec, prepare_lock, study_lock, study_units,
                              write_state)
+from msb.utils.locks import file_lock
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["run_study"]
@@ -43,15 +44,15 @@ __all__ = ["run_study"]
 def _resolve_externals(u: StudyUnit, ds: PreparedDataset, log: Logger) -> None:
     u.externals = []
     for e in (u.spec.final.external if u.spec.final else []):
-        with coord.file_lock(u.root / "_study" / "locks" / "external.lock"):  # prepared on first use
+        with file_lock(u.root / "_study" / "locks" / "external.lock"):  # prepared on first use
             u.externals.append(resolve_external(e, ds.classes, u.configs_root, u.study_file.parent,
                                                 str(u.study_file), log))
 
 
 def _open_storage(ctx: StudyContext, units: list[StudyUnit]) -> None:
     if ctx.storage is None:
-        ctx.url = ctx.url or coord.default_storage_url(units[0].root)
-        ctx.storage = coord.open_storage(ctx.url, ctx.heartbeat_interval, ctx.grace_period)
+        ctx.url = ctx.url or default_storage_url(units[0].root)
+        ctx.storage = open_storage(ctx.url, ctx.heartbeat_interval, ctx.grace_period)
 
 
 @notify_on_completion  # finished/failed notification (msb/notify, docs/notifications.md); never fails the study
@@ -125,7 +126,7 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
     finally:
         if ctx.storage is not None:
             try:
-                coord.close_storage(ctx.storage)
+                close_storage(ctx.storage)
             except Exception as exc:  # noqa: BLE001 - never hide the study's own error behind a closing one
                 log(f"closing the optuna storage failed ({type(exc).__name__}: {exc})")
     return outcomes

@@ -23,10 +23,10 @@ from msb.config.schema import RunConfig
 from msb.config.study_spec import apply_params, grid_points, param_distributions
 from msb.engine.runner import checkpoint_roles
 from msb.errors import MSBError
-from msb.study.coord import file_lock
 from msb.study.external import ExternalSet
 from msb.study.manifest import read_json, write_json
 from msb.utils.hashing import sha256_json
+from msb.utils.locks import file_lock
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["StudyUnit", "StudyContext", "study_units", "check_spec", "unit_lock", "prepare_lock", "write_state",
