@@ -59,12 +59,13 @@ def data_synth(out: Path = typer.Option(Path("datasets/synthetic"), help="Output
 
 @data_app.command("validate")
 def data_validate(root: Path = typer.Argument(..., help="Prepared dataset folder.")) -> None:
-    """Validate a prepared dataset fully (files, sizes, every mask value against classes.csv)."""
-    from msb.data.schema import load_prepared_dataset, mask_to_onehot, read_mask
+    """Validate a prepared dataset fully: files and sizes, then every image and mask file decoded (damaged or
+    truncated files refused) and every mask value checked against classes.csv at native resolution."""
+    from msb.data.schema import load_prepared_dataset
+    from msb.data.verify import verify_files
 
     ds = load_prepared_dataset(root)
-    for sid in track(list(ds.index["sample_id"]), "checking masks", len(ds.index)):
-        mask_to_onehot(read_mask(ds.mask_path(sid)), ds.classes, ds.mask_path(sid))
+    verify_files(ds, track=track, use_record=False)
     log(f"{root}: {len(ds.index)} samples, {len(ds.foreground_classes)} foreground class(es): OK")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from msb.errors import MSBError
 
-__all__ = ["Layer", "load_yaml", "load_layer", "deep_merge", "check_keys", "validate_layers"]
+__all__ = ["Layer", "load_yaml", "load_layer", "deep_merge", "check_keys", "check_finite", "validate_layers"]
 
 Provenance = dict[tuple[str, ...], str]
 
@@ -31,15 +32,50 @@ class Layer(typing.NamedTuple):
     provenance: Provenance
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    """A key set twice in one YAML mapping (PyYAML would silently keep the last value)."""
+
+    def __init__(self, key: Any, first_line: int, mark: Any) -> None:
+        super().__init__(None, None, f"duplicate key {key!r} (first set on line {first_line})", mark)
+        self.key, self.first_line = key, first_line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (merge keys ``<<`` may still be
+    overridden, as YAML intends)."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        except TypeError:  # unhashable key: SafeLoader reports it
+            pass
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read one YAML mapping. Raises :class:`MSBError` naming the file if it is missing, unparsable, or not
-    a mapping at top level. An empty file gives ``{}``."""
+    """Read one YAML mapping. Raises :class:`MSBError` naming the file if it is missing, unparsable, holds a
+    key twice in one mapping (naming the key and both lines), or is not a mapping at top level. An empty file
+    gives ``{}``."""
     path = Path(path)
     if not path.is_file():
         raise MSBError(f"{path}: config file not found; check the path (relative paths are resolved "
                        f"against the file that names them)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as exc:
+        raise MSBError(f"{path}: line {exc.problem_mark.line + 1}: duplicate key '{exc.key}' (first set on line "
+                       f"{exc.first_line}); YAML would keep only the last value, remove one of them") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -142,21 +178,42 @@ def check_keys(data: dict[str, Any], model: type[BaseModel], file: str,
             check_keys(value, sub, file, provenance, path)
 
 
+def _where(provenance: Provenance, loc: tuple[str, ...], default_file: str) -> str:
+    """The file that set ``loc`` (or its nearest parent key), else ``default_file``."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in provenance:
+            return provenance[loc[:n]]
+    return default_file
+
+
+def check_finite(data: Any, default_file: str, provenance: Provenance | None = None,
+                 _prefix: tuple[str, ...] = (), _label: str = "") -> None:
+    """Raise :class:`MSBError` for the first non-finite float (``.inf``, ``-.inf``, ``.nan``) anywhere in
+    ``data`` (free-form mappings such as ``model.params`` included), naming the file that set it and the dotted
+    key (list items as ``key[i]``)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise MSBError(f"{_where(provenance or {}, _prefix, default_file)}: key '{_label or '<top level>'}': "
+                       f"{data} is not a finite number; write a finite value")
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_finite(v, default_file, provenance, _prefix + (str(k),), f"{_label}.{k}" if _label else str(k))
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            check_finite(v, default_file, provenance, _prefix, f"{_label}[{i}]")
+
+
 def validate_layers(data: dict[str, Any], model: type[BaseModel], provenance: Provenance,
                     default_file: str) -> BaseModel:
-    """Check keys, then validate ``data`` with ``model``; a pydantic error becomes one :class:`MSBError`
-    naming the file that set the offending key, the dotted key and pydantic's message."""
+    """Check keys and finite numbers, then validate ``data`` with ``model``; a pydantic error becomes one
+    :class:`MSBError` naming the file that set the offending key, the dotted key and pydantic's message."""
     check_keys(data, model, default_file, provenance)
+    check_finite(data, default_file, provenance)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(str(p) for p in err["loc"])
-        where = default_file
-        for n in range(len(loc), 0, -1):
-            if loc[:n] in provenance:
-                where = provenance[loc[:n]]
-                break
+        where = _where(provenance, loc, default_file)
         key = ".".join(loc) or "<top level>"
         msg = err["msg"]
         if err["type"] == "missing":

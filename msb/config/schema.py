@@ -6,9 +6,12 @@ error names the file, the key and the closest valid key. See ``docs/config_refer
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.notifications_schema import NotificationsConfig
@@ -16,15 +19,53 @@ from msb.config.notifications_schema import NotificationsConfig
 __all__ = [
     "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
     "SchedulerConfig", "LossConfig", "GradClipConfig", "AugmentConfig", "EarlyStoppingConfig", "TrainConfig",
-    "MultiScaleConfig",
+    "MultiScaleConfig", "NONFINITE_PATIENCE_DEFAULT",
     "CheckpointConfig", "EvaluationConfig", "RunConfig",
 ]
 
 
-class StrictModel(BaseModel):
-    """Base class: unknown keys are errors, values are validated on assignment."""
+def _is_number(annotation: Any) -> bool:
+    """True when ``annotation`` takes an int or float but not a bool (``int``, ``Optional[float]``, ...)."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _is_number(args[0])
+    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return not any(a is bool or a is Any for a in args) and any(_is_number(a) for a in args)
+    return False
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+def _bool_as_number(annotation: Any, value: Any) -> bool:
+    """True when ``value`` (or an element of a list/tuple value) is a bool where ``annotation`` wants a number."""
+    if isinstance(value, bool):
+        return _is_number(annotation)
+    if isinstance(value, (list, tuple)):
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin in (typing.Union, types.UnionType):
+            return any(_bool_as_number(a, value) for a in args if a is not type(None))
+        if origin in (list, tuple) and args:
+            if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+                return any(_bool_as_number(a, v) for a, v in zip(args, value))
+            return any(_bool_as_number(args[0], v) for v in value)
+    return False
+
+
+class StrictModel(BaseModel):
+    """Base class: unknown keys are errors, values are validated on assignment, floats must be finite
+    (``.inf``/``.nan`` are refused) and a boolean is not accepted where a number is expected (``epochs: true``
+    would otherwise be taken as 1)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse a bool (or a list/tuple holding one) for a field that takes a number."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _bool_as_number(field.annotation, value):
+            raise ValueError(f"a boolean (true/false) is not a number; write a number (got {value!r})")
+        return value
 
 
 class PrepareConfig(StrictModel):
@@ -186,8 +227,19 @@ class MultiScaleConfig(StrictModel):
         return self
 
 
+#: default of ``train.nonfinite_patience`` (left out of ``config.yaml`` and the config hash when unchanged)
+NONFINITE_PATIENCE_DEFAULT = 10
+
+
 class TrainConfig(StrictModel):
-    """Training loop settings. ``amp``: ``auto`` = on for CUDA, off on CPU."""
+    """Training loop settings. ``amp``: ``auto`` = on for CUDA, off on CPU.
+
+    ``nonfinite_patience``: with AMP (fp16 GradScaler), the number of consecutive optimizer steps that the scaler
+    may skip for overflowing gradients (or that have a non-finite loss) before training stops as diverged; the
+    scaler skips a few steps while it calibrates. Without AMP the first non-finite loss or gradient stops
+    training. Left out of ``config.yaml`` (and so of the config hash) while it has its default, so run ids of
+    existing studies do not change.
+    """
 
     epochs: int = Field(10, gt=0)
     batch_size: int = Field(8, gt=0)
@@ -203,6 +255,15 @@ class TrainConfig(StrictModel):
     # convolution kernels (about 12 % more training images/s for a ResNet-18 U-Net on 2 CPU cores)
     channels_last: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    nonfinite_patience: int = Field(NONFINITE_PATIENCE_DEFAULT, ge=0)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_patience(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``nonfinite_patience`` while it has its default (config hashes stay as they were)."""
+        data = handler(self)
+        if isinstance(data, dict) and self.nonfinite_patience == NONFINITE_PATIENCE_DEFAULT:
+            data.pop("nonfinite_patience", None)
+        return data
 
 
 class CheckpointConfig(StrictModel):

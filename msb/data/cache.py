@@ -25,9 +25,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from msb.data.schema import PreparedDataset, mask_to_onehot, read_image, read_mask
+from msb.data.schema import PreparedDataset, mask_to_label_map, mask_to_onehot, read_image, read_mask
 from msb.utils.atomic import current_umask
 from msb.utils.hashing import sha256_file, sha256_json
+from msb.utils.io_errors import write_guard
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["CachedArrays", "cache_key", "build_cache", "resize_image", "resize_mask"]
@@ -96,38 +97,48 @@ def build_cache(ds: PreparedDataset, size: tuple[int, int], cache_dir: str | Pat
         track: progress wrapper ``track(iterable, description, total)`` (the CLI passes a rich progress bar).
 
     Raises:
-        MSBError: from :func:`mask_to_onehot` when a mask holds a value not in ``classes.csv`` (names the file).
+        MSBError: from :func:`mask_to_label_map` when a mask holds a value not in ``classes.csv`` (names the
+            file and the value's pixel count at native resolution); a disk-full or I/O error while writing
+            the cache (one line naming the cache folder and the free space).
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else ds.root / ".msb_cache"
     key = cache_key(ds, size)
     final = cache_dir / key[:16]
     if not (final / "sample_ids.json").is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=cache_dir))
-        try:
-            ids = [str(s) for s in ds.index["sample_id"]]
-            n, c = len(ids), len(ds.foreground_classes)
-            images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                               shape=(n, size[0], size[1], 3))
-            masks = np.lib.format.open_memmap(tmp / "masks.npy", mode="w+", dtype=np.uint8,
-                                              shape=(n, c, size[0], size[1]))
-            for i, sid in enumerate(track(ids, f"caching {ds.name} at {size[0]}x{size[1]}", n)):
-                images[i] = resize_image(read_image(ds.image_path(sid)), size)
-                mpath = ds.mask_path(sid)
-                raw = resize_mask(read_mask(mpath), size)
-                masks[i] = mask_to_onehot(raw, ds.classes, mpath)
-            images.flush()
-            masks.flush()
-            del images, masks
-            (tmp / "sample_ids.json").write_text(json.dumps(ids))
-            os.chmod(tmp, 0o777 & ~current_umask())
-            if final.exists():  # a concurrent builder finished first
-                shutil.rmtree(tmp)
-            else:
-                os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        with write_guard(final, "preprocessing cache"):
+            _build(ds, size, cache_dir, key, final, track)
     ids = json.loads((final / "sample_ids.json").read_text())
     return CachedArrays(np.load(final / "images.npy", mmap_mode="r"), np.load(final / "masks.npy", mmap_mode="r"),
                         ids, final)
+
+
+def _build(ds: PreparedDataset, size: tuple[int, int], cache_dir: Path, key: str, final: Path,
+           track: Tracker) -> None:
+    """Write the cache entry ``final`` under a temporary name, then rename it (see :func:`build_cache`)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=cache_dir))
+    try:
+        ids = [str(s) for s in ds.index["sample_id"]]
+        n, c = len(ids), len(ds.foreground_classes)
+        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                           shape=(n, size[0], size[1], 3))
+        masks = np.lib.format.open_memmap(tmp / "masks.npy", mode="w+", dtype=np.uint8,
+                                          shape=(n, c, size[0], size[1]))
+        for i, sid in enumerate(track(ids, f"caching {ds.name} at {size[0]}x{size[1]}", n)):
+            images[i] = resize_image(read_image(ds.image_path(sid)), size)
+            mpath = ds.mask_path(sid)
+            raw = read_mask(mpath)
+            mask_to_label_map(raw, ds.classes, mpath)  # values checked at native size: true pixel counts
+            masks[i] = mask_to_onehot(resize_mask(raw, size), ds.classes, mpath)
+        images.flush()
+        masks.flush()
+        del images, masks
+        (tmp / "sample_ids.json").write_text(json.dumps(ids))
+        os.chmod(tmp, 0o777 & ~current_umask())
+        if final.exists():  # a concurrent builder finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

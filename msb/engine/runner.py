@@ -25,6 +25,7 @@ from msb.data.prepare import ensure_dataset
 from msb.data.schema import PreparedDataset
 from msb.data.splits import read_split_file, resolve_splits, write_split_file
 from msb.data.torch_dataset import SegmentationDataset, build_augmentation
+from msb.data.verify import verify_files
 from msb.engine.determinism import seed_everything
 from msb.engine.trainer import Trainer, TrainResult
 from msb.errors import MSBError
@@ -32,6 +33,7 @@ from msb.models.checkpoint import read_records
 from msb.models.registry import build_model
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_file
+from msb.utils.io_errors import write_guard
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["RunOutcome", "ensure_split", "train_run", "evaluate_run", "write_manifest", "study_dir", "run_fold",
@@ -68,7 +70,8 @@ def ensure_split(cfg: RunConfig, ds: PreparedDataset, run_dir: Path) -> pd.Serie
         return read_split_file(path)
     s = cfg.data.split
     splits = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column)
-    write_split_file(path, splits)
+    with write_guard(path, "split file"):
+        write_split_file(path, splits)
     return splits
 
 
@@ -106,10 +109,21 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
 def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Tracker = no_track,
               log: Logger = no_log, stop_after_epoch: int | None = None,
               on_epoch_end: Callable[[dict[str, Any]], bool | None] | None = None) -> TrainResult:
-    """Train (or resume) one run in ``run_dir``. Raises :class:`MSBError` on an empty train/selection split.
-    ``on_epoch_end``: see :meth:`Trainer.fit` (Hyperband reporting/pruning)."""
+    """Train (or resume) one run in ``run_dir``. ``on_epoch_end``: see :meth:`Trainer.fit` (Hyperband
+    reporting/pruning).
+
+    Before the first epoch every image and mask file of the dataset (all splits: the cache holds them all) is
+    decoded from the source and its mask values checked against ``classes.csv`` at native resolution
+    (:func:`msb.data.verify.verify_files`; files that passed before and did not change are skipped).
+
+    Raises:
+        MSBError: an empty train/selection split; a bad data file (naming the file, the bad value and its pixel
+            count); a diverged training (naming the epoch and step); a full or failing disk (naming the file and
+            the free space; the last saved epoch is kept).
+    """
     cfg = run.config
-    write_run_config(run, run_dir)
+    with write_guard(run_dir / "config.yaml", "run config"):
+        write_run_config(run, run_dir)
     splits = ensure_split(cfg, ds, run_dir)
     lim = cfg.data.max_samples_per_split
     train_ids = _ids(splits, "train", lim)
@@ -117,6 +131,9 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     for name, ids in (("train", train_ids), (cfg.checkpoint.selection_split, val_ids)):
         if not ids:
             raise MSBError(f"{run_dir / 'split.csv'}: split '{name}' is empty; change data.split fractions")
+    checked = verify_files(ds, None, cfg.data.cache_dir, track)
+    if checked:
+        log(f"[{run.run_id}] checked {checked} image/mask file(s) of '{ds.name}' at native resolution: OK")
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
     a = cfg.train.augment
     aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,

@@ -32,16 +32,18 @@ from torch.utils.data import DataLoader
 
 from msb.config.schema import RunConfig
 from msb.data.torch_dataset import SegmentationDataset
-from msb.models.checkpoint import load_state, save_checkpoint, save_state
+from msb.models.checkpoint import load_state, reconcile_records, save_checkpoint, save_state
 from msb.engine.determinism import epoch_seed, get_rng_state, seed_everything, set_full_determinism, set_rng_state
 from msb.engine.losses import multi_output_loss
 from msb.engine.multiscale import scaled_batches
 from msb.evaluation.counts import compute_confusion_counts
+from msb.errors import MSBError
 from msb.evaluation.postprocess import apply_normalisation
 from msb.models.base import Segmentor
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
 from msb.utils.epochs import EPOCH_BASE, EPOCH_BASE_KEY
+from msb.utils.io_errors import write_guard
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
@@ -59,8 +61,6 @@ def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg:
         if o.backbone_lr_mult != 1.0:
             back = [p for n, p in named if n.startswith("backbone.")]
             if not back:
-                from msb.errors import MSBError
-
                 raise MSBError(f"train.optimizer.backbone_lr_mult: architecture '{cfg.model.arch}' has no "
                                f"'backbone' module; remove the key")
             params = [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": o.lr},
@@ -130,6 +130,9 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
         self.maximize = cfg.checkpoint.metric != "loss"
+        # consecutive optimizer steps with a non-finite loss or skipped by the fp16 scaler (AMP only)
+        self.nonfinite_streak = 0
+        self.steps_done = 0  # batches of the current epoch done (named by a divergence error)
 
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         """The model input in the configured memory format (``train.channels_last``)."""
@@ -140,6 +143,7 @@ class Trainer:
         """Train one epoch (``epoch`` 1-based, shown in the progress bar); returns (mean loss, images seen)."""
         cfg = self.cfg
         self.train_ds.set_epoch_seed(seed)
+        self.steps_done = 0
         gen = torch.Generator().manual_seed(seed)
         n = len(self.train_ds)
         bs = cfg.train.batch_size
@@ -148,40 +152,98 @@ class Trainer:
                             pin_memory=self.device.type == "cuda")
         self.model.train()
         clip = cfg.train.grad_clip
-        total, seen = 0.0, 0
+        total, seen, counted = 0.0, 0, 0
         # batch-level draws (multi-scale rate, the model's train_batch_transform) from their own generator
         aug_gen = torch.Generator().manual_seed(seed + 1)
         ms = cfg.train.multiscale
         step_each = ms is None or ms.step_per_rate
-        for x, y, _ in self.track(loader, f"epoch {epoch}/{cfg.train.epochs}", len(loader)):
+        for step, (x, y, _) in enumerate(self.track(loader, f"epoch {epoch}/{cfg.train.epochs}", len(loader)),
+                                         start=1):
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             x, y = self.model.train_batch_transform(x, y, aug_gen, cfg.data.normalize_mean, cfg.data.normalize_std)
             scaled = scaled_batches(x, y, ms, aug_gen)
             batch_loss = 0.0
+            bad_loss: float | None = None  # the first non-finite loss of the current optimizer step
             for i, (xs, ys) in enumerate(scaled):
                 if step_each or i == 0:
                     self.optimizer.zero_grad(set_to_none=True)
+                    bad_loss = None
                 with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
                     outputs = self.model(self._fmt(xs))
                 loss = multi_output_loss([o.float() for o in outputs], ys, cfg.train.loss.name,
                                          cfg.train.loss.bce_weighting)
+                loss_value = float(loss.detach())
+                if not math.isfinite(loss_value) and bad_loss is None:
+                    bad_loss = loss_value
                 self.scaler.scale(loss).backward()
                 if not (step_each or i == len(scaled) - 1):
-                    batch_loss += float(loss.detach()) / len(scaled)
+                    batch_loss += loss_value / len(scaled)
                     continue
+                grad_norm = None
                 if clip.mode != "none" and clip.max > 0:
                     self.scaler.unscale_(self.optimizer)
                     if clip.mode == "norm":
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip.max)
+                        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip.max)
                     else:
+                        if not self.use_amp:
+                            grad_norm = self._grad_norm()
                         torch.nn.utils.clip_grad_value_(self.model.parameters(), clip.max)
+                elif not self.use_amp:
+                    grad_norm = self._grad_norm()
+                self._optimizer_step(epoch, step, len(loader), bad_loss, grad_norm)
+                batch_loss += loss_value / len(scaled)
+            if math.isfinite(batch_loss):  # a step the fp16 scaler skipped within the patience is not averaged
+                total += batch_loss * x.shape[0]
+                counted += x.shape[0]
+            seen += x.shape[0]
+            self.steps_done = step
+        return total / max(counted, 1), seen
+
+    def _grad_norm(self) -> torch.Tensor:
+        """Total L2 norm of the current gradients (read only; used to detect non-finite gradients)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+
+    def _optimizer_step(self, epoch: int, step: int, steps: int, bad_loss: float | None,
+                        grad_norm: torch.Tensor | None) -> None:
+        """Take the optimizer step (through the AMP scaler) unless the loss or the gradients are non-finite.
+
+        Without AMP the first non-finite loss or gradient stops training; with the fp16 GradScaler a step it
+        skips (gradient overflow) or a non-finite loss counts towards ``train.nonfinite_patience`` consecutive
+        steps, one more stops training. Finite steps are taken exactly as before (same operations, same order).
+
+        Raises:
+            MSBError: one line naming the run folder, the epoch and the step (1-based batch of the epoch).
+        """
+        if not self.use_amp:
+            if bad_loss is None and (grad_norm is None or bool(torch.isfinite(grad_norm))):
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                batch_loss += float(loss.detach()) / len(scaled)
-            total += batch_loss * x.shape[0]
-            seen += x.shape[0]
-        return total / max(seen, 1), seen
+                return
+            what = (f"the training loss is {bad_loss}" if bad_loss is not None else
+                    f"the gradient norm is {float(grad_norm)}")
+            raise self._diverged(epoch, step, steps, what)
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        skipped = self.scaler.get_scale() < before
+        if not skipped and bad_loss is None:
+            self.nonfinite_streak = 0
+            return
+        self.nonfinite_streak += 1
+        patience = self.cfg.train.nonfinite_patience
+        if self.nonfinite_streak > patience:
+            what = (f"the training loss is {bad_loss}" if bad_loss is not None else
+                    "the fp16 gradients overflowed (GradScaler skipped the step)")
+            raise self._diverged(epoch, step, steps, f"{what}, {self.nonfinite_streak} non-finite step(s) in a row "
+                                                     f"(train.nonfinite_patience {patience})")
+
+    def _diverged(self, epoch: int, step: int, steps: int, what: str) -> MSBError:
+        """The one-line error of a diverged run (nothing of the current epoch has been saved)."""
+        return MSBError(f"{self.run_dir}: training diverged at epoch {epoch} step {step} of {steps}: {what}; nothing "
+                        f"of epoch {epoch} was saved; lower train.optimizer.lr (now {self.cfg.train.optimizer.lr}) "
+                        f"or clip gradients (train.grad_clip) and rerun")
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -226,15 +288,17 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(), "best": best,
             "early_stopping": early, "rng": get_rng_state(), "history": history, "finished": finished,
-            "config_hash": self.config_hash,
+            "config_hash": self.config_hash, "nonfinite_streak": self.nonfinite_streak,
         }
 
     def _write_log(self, history: list[dict[str, Any]]) -> None:
+        """Write ``train_log.csv`` atomically (a disk-full error is one line; the previous log is kept)."""
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(history[0]))
         w.writeheader()
         w.writerows(history)
-        atomic_write_text(self.run_dir / "train_log.csv", buf.getvalue())
+        with write_guard(self.run_dir / "train_log.csv", "training log"):
+            atomic_write_text(self.run_dir / "train_log.csv", buf.getvalue())
 
     def _ckpt_payload(self, epoch: int) -> dict[str, Any]:
         """Checkpoint file contents after 1-based ``epoch``."""
@@ -263,6 +327,7 @@ class Trainer:
         early: dict[str, Any] = {"bad_epochs": 0, "stopped": False}
         history: list[dict[str, Any]] = []
         start = 0
+        reconcile_records(self.run_dir)  # finish or drop a checkpoint record interrupted by a kill
         state = load_state(self.run_dir)
         if state is not None:
             self.model.load_state_dict(state["model"])
@@ -271,6 +336,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             set_rng_state(state["rng"])
             best, early, history = state["best"], state["early_stopping"], state["history"]
+            self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
             start = int(state["epoch"])  # epochs finished (load_state converts old 0-based states)
             self.log(f"resuming from epoch {start + 1} (state/train_state.pt)" if not state.get("finished")
                      else "training already finished, skipped")
@@ -287,6 +353,10 @@ class Trainer:
             train_loss, seen = self._train_epoch(epoch, seed)
             train_s = time.perf_counter() - t0
             val = self.validate()
+            if not math.isfinite(val["val_loss"]):
+                raise self._diverged(epoch, self.steps_done, self.steps_done,
+                                     f"the validation loss on '{cfg.checkpoint.selection_split}' after that step is "
+                                     f"{val['val_loss']} (non-finite predictions)")
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             value = val[metric_key]

@@ -6,13 +6,23 @@ split, metric, value, the SHA-256 of the file's bytes (which :func:`load_checkpo
 and ``epoch_base``. Every epoch is 1-based (epoch k = after k finished epochs, as in ``train_log.csv``;
 :mod:`msb.utils.epochs`); records and resume states written before that convention (no ``epoch_base``) are
 converted when read.
+
+A digest is always computed from the bytes in memory, written before the file it guards is installed, and
+never recomputed from a file on disk: ``state/train_state.sha256`` (resume state) and ``records.json``
+(checkpoints) are installed by renaming a ``*.pending`` file written before the guarded file, so the pair is
+consistent at every kill point (:func:`save_state`, :func:`save_checkpoint`), and every load verifies the bytes
+it unpickles. A disk-full or I/O error while writing is one line naming the file and the free space
+(:mod:`msb.utils.io_errors`); the previous file and digest are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +32,15 @@ import torch
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_bytes, atomic_write_text
 from msb.utils.epochs import EPOCH_BASE, normalise_records, upgrade_state
+from msb.utils.fault_points import fault_point
 from msb.utils.hashing import sha256_file
+from msb.utils.io_errors import write_guard
 
-__all__ = ["CheckpointRecord", "save_checkpoint", "read_records", "load_checkpoint", "save_state", "load_state"]
+__all__ = ["CheckpointRecord", "save_checkpoint", "read_records", "reconcile_records", "load_checkpoint",
+           "save_state", "load_state", "STATE_FILE", "STATE_DIGEST", "STATE_PENDING"]
+
+#: the resume state, its SHA-256 and the digest of a state being installed (``state/`` of a run folder)
+STATE_FILE, STATE_DIGEST, STATE_PENDING = "train_state.pt", "train_state.sha256", "train_state.sha256.pending"
 
 
 @dataclass
@@ -48,9 +64,24 @@ class CheckpointRecord:
     epoch_base: int = EPOCH_BASE
 
 
+def _pending_records_path(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "records.json.pending"
+
+
+def _records_json(records: dict[str, CheckpointRecord]) -> str:
+    return json.dumps({k: asdict(v) for k, v in records.items()}, indent=2)
+
+
 def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: int, selection_split: str,
                     metric: str, value: float) -> CheckpointRecord:
-    """Write ``checkpoints/<role>.pt`` atomically, then update ``records.json`` (atomically).
+    """Write ``checkpoints/<role>.pt`` and its record in ``records.json``, consistent at every kill point.
+
+    Order: the new ``records.json`` (holding the file's SHA-256, computed from the bytes in memory) is written
+    as ``records.json.pending``; the checkpoint file is replaced atomically; the pending records are renamed
+    onto ``records.json``. A kill before the checkpoint is installed leaves the old file and record; a kill
+    between the two renames leaves a file that matches the pending record, which :func:`load_checkpoint`
+    accepts and :func:`reconcile_records` (called by the trainer on start) commits. A digest is never computed
+    from a file on disk.
 
     Args:
         run_dir: the run folder.
@@ -64,7 +95,8 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
 
     Raises:
         ValueError: ``epoch`` < 1 (a 0-based epoch passed by mistake).
-        MSBError: the existing ``records.json`` is damaged (see :func:`read_records`).
+        MSBError: the existing ``records.json`` is damaged (see :func:`read_records`), or the disk is full or
+            failing (one line naming the file and the free space; the previous checkpoint and record are kept).
     """
     if isinstance(epoch, bool) or int(epoch) != epoch or epoch < EPOCH_BASE:
         raise ValueError(f"epoch must be a 1-based epoch (>= {EPOCH_BASE}), got {epoch!r}")
@@ -76,28 +108,30 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
     torch.save(payload, buf)
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
-    atomic_write_bytes(path, data)
     rec = CheckpointRecord(role, epoch, selection_split, metric, float(value), digest, f"checkpoints/{role}.pt")
     records = read_records(run_dir)
     records[role] = rec
-    atomic_write_text(run_dir / "checkpoints" / "records.json",
-                      json.dumps({k: asdict(v) for k, v in records.items()}, indent=2))
+    rec_path = run_dir / "checkpoints" / "records.json"
+    pending = _pending_records_path(run_dir)
+    with write_guard(pending, "checkpoint records"):
+        atomic_write_text(pending, _records_json(records))
+    fault_point("save_checkpoint:records_pending")
+    try:
+        with write_guard(path, "checkpoint"):
+            atomic_write_bytes(path, data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            pending.unlink()
+        raise
+    fault_point("save_checkpoint:file_installed")
+    with write_guard(rec_path, "checkpoint records"):
+        os.replace(pending, rec_path)
+    fault_point("save_checkpoint:records_installed")
     return rec
 
 
-def read_records(run_dir: Path) -> dict[str, CheckpointRecord]:
-    """Read ``checkpoints/records.json`` (empty dict when absent) with 1-based epochs.
-
-    Records written before the 1-based convention (no ``epoch_base``) have their 0-based epoch raised by 1
-    (:func:`msb.utils.epochs.normalise_records`).
-
-    Raises:
-        MSBError: the file is not valid JSON, not a mapping of role -> record, or has an unknown
-            ``epoch_base`` or record field (the message names the file).
-    """
-    path = run_dir / "checkpoints" / "records.json"
-    if not path.is_file():
-        return {}
+def _parse_records(path: Path) -> dict[str, CheckpointRecord]:
+    """Records of one records file (``records.json`` or its pending successor), 1-based; MSBError if damaged."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -108,67 +142,177 @@ def read_records(run_dir: Path) -> dict[str, CheckpointRecord]:
         raise MSBError(f"{path}: unexpected checkpoint record fields ({exc}); retrain the run") from exc
 
 
+def read_records(run_dir: Path) -> dict[str, CheckpointRecord]:
+    """Read ``checkpoints/records.json`` (empty dict when absent) with 1-based epochs.
+
+    Records written before the 1-based convention (no ``epoch_base``) have their 0-based epoch raised by 1
+    (:func:`msb.utils.epochs.normalise_records`). A ``records.json.pending`` left by an interrupted
+    :func:`save_checkpoint` is not read here (see :func:`load_checkpoint`, :func:`reconcile_records`).
+
+    Raises:
+        MSBError: the file is not valid JSON, not a mapping of role -> record, or has an unknown
+            ``epoch_base`` or record field (the message names the file).
+    """
+    path = run_dir / "checkpoints" / "records.json"
+    if not path.is_file():
+        return {}
+    return _parse_records(path)
+
+
+def _pending_records(run_dir: Path) -> dict[str, CheckpointRecord]:
+    """The records of ``records.json.pending`` ({} when absent or unreadable: it is only ever a candidate)."""
+    path = _pending_records_path(run_dir)
+    if not path.is_file():
+        return {}
+    try:
+        return _parse_records(path)
+    except MSBError:
+        return {}
+
+
+def reconcile_records(run_dir: Path) -> None:
+    """Finish or drop a ``records.json.pending`` left by a kill inside :func:`save_checkpoint` (writer side:
+    the trainer calls this before resuming). The pending records are committed when every checkpoint file whose
+    record they change has exactly the SHA-256 they hold (the kill came after the file was installed), and
+    deleted otherwise (the kill came before: the old file and record still agree)."""
+    pending = _pending_records_path(run_dir)
+    if not pending.is_file():
+        return
+    new = _pending_records(run_dir)
+    old = read_records(run_dir)
+    changed = [r for r in new.values() if old.get(r.role) != r]
+    ok = bool(new) and all((run_dir / r.path).is_file() and sha256_file(run_dir / r.path) == r.sha256
+                           for r in changed)
+    if ok:
+        with write_guard(run_dir / "checkpoints" / "records.json", "checkpoint records"):
+            os.replace(pending, run_dir / "checkpoints" / "records.json")
+    else:
+        with contextlib.suppress(OSError):
+            pending.unlink()
+
+
 def load_checkpoint(run_dir: Path, role: str) -> tuple[dict[str, Any], CheckpointRecord]:
     """Load ``checkpoints/<role>.pt`` after verifying its SHA-256 against the record.
+
+    The file is read once; its bytes are hashed and the same bytes are unpickled, so what is loaded is what was
+    verified. A file that matches the record of a ``records.json.pending`` (a kill between installing the file
+    and its record) is accepted with that record.
 
     Raises:
         MSBError: no record for ``role``, the file is missing, or its SHA-256 differs from the record.
     """
     records = read_records(run_dir)
-    if role not in records:
+    if role not in records and role not in _pending_records(run_dir):
         raise MSBError(f"{run_dir}: no '{role}' checkpoint recorded in checkpoints/records.json; "
                        f"train the run first (msb run) or pick one of: {', '.join(records) or 'none'}")
-    rec = records[role]
+    rec = records.get(role) or _pending_records(run_dir)[role]
     path = run_dir / rec.path
     if not path.is_file():
         raise MSBError(f"{path}: checkpoint file is missing; retrain the run")
-    digest = sha256_file(path)
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     if digest != rec.sha256:
-        raise MSBError(f"{path}: SHA-256 {digest[:12]}... differs from the record {rec.sha256[:12]}...; "
-                       f"the file was changed after training, refusing to evaluate it")
-    return torch.load(path, map_location="cpu", weights_only=False), rec
+        pend = _pending_records(run_dir).get(role)
+        if pend is None or pend.sha256 != digest:
+            raise MSBError(f"{path}: SHA-256 {digest[:12]}... differs from the record {rec.sha256[:12]}...; "
+                           f"the file was changed after training, refusing to evaluate it")
+        rec = pend
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - the digest matched, so this is not a damaged file
+        raise MSBError(f"{path}: checkpoint cannot be loaded by this torch ({type(exc).__name__}: {exc})") from exc
+    return payload, rec
+
+
+def _read_digest(path: Path) -> str | None:
+    """The hex digest held by a digest file, or None when the file is absent."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
 
 
 def save_state(run_dir: Path, state: dict[str, Any]) -> None:
-    """Write the resume state ``state/train_state.pt`` atomically, then its SHA-256 to
-    ``state/train_state.sha256`` (checked by :func:`load_state`). A crash between the two writes leaves a
-    mismatch, which :func:`load_state` reports instead of resuming from a state it cannot trust."""
+    """Write the resume state ``state/train_state.pt`` and its SHA-256 ``state/train_state.sha256`` so that the
+    pair is consistent at every kill point.
+
+    Order: the digest of the serialised bytes (computed in memory) is written as ``train_state.sha256.pending``;
+    the state file is replaced atomically; the pending digest is renamed onto ``train_state.sha256``. A kill
+    before the state is installed leaves the old state with its old digest (the pending one names a state that
+    never arrived); a kill between the two renames leaves a state that matches the pending digest, which
+    :func:`load_state` accepts and installs. A digest is never computed from the file it guards.
+
+    Raises:
+        MSBError: the disk is full or failing (one line naming the file and the free space; the previous state
+            and digest are kept).
+    """
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    atomic_write_bytes(run_dir / "state" / "train_state.pt", data)
-    atomic_write_text(run_dir / "state" / "train_state.sha256", hashlib.sha256(data).hexdigest() + "\n")
+    sdir = run_dir / "state"
+    path, sha_path, pending = sdir / STATE_FILE, sdir / STATE_DIGEST, sdir / STATE_PENDING
+    with write_guard(pending, "resume-state digest"):
+        atomic_write_text(pending, hashlib.sha256(data).hexdigest() + "\n")
+    fault_point("save_state:digest_pending")
+    try:
+        with write_guard(path, "resume state"):
+            atomic_write_bytes(path, data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            pending.unlink()
+        raise
+    fault_point("save_state:state_installed")
+    with write_guard(sha_path, "resume-state digest"):
+        os.replace(pending, sha_path)
+    fault_point("save_state:digest_installed")
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:
     """Read the resume state, or ``None`` when the run has not finished an epoch yet.
+
+    The state is accepted only when the SHA-256 of its bytes equals ``train_state.sha256``, or equals
+    ``train_state.sha256.pending`` (a kill between installing the state and its digest: the pending digest is
+    then installed, see :func:`save_state`). The bytes that were hashed are the bytes unpickled.
 
     The returned state has 1-based epochs (``epoch`` = epochs finished, ``best["epoch"]`` 1-based, 0 when none)
     and ``"epoch_base": 1``; a state written before that convention is converted
     (:func:`msb.utils.epochs.upgrade_state`).
 
     Raises:
-        MSBError: the state file is unreadable, its SHA-256 differs from ``train_state.sha256``, or it is an old
-            state that cannot be converted (each says to delete the ``state/`` folder to restart that run from
-            scratch).
+        MSBError: the state file has no digest, its SHA-256 matches no digest (changed after it was written),
+            it is unreadable, or it is an old state that cannot be converted (each names the file and says to
+            delete the ``state/`` folder to restart that run from scratch).
     """
-    path = run_dir / "state" / "train_state.pt"
+    sdir = run_dir / "state"
+    path, sha_path, pending = sdir / STATE_FILE, sdir / STATE_DIGEST, sdir / STATE_PENDING
     if not path.is_file():
         return None
     fix = (f"delete {path.parent} to restart this run from scratch (its checkpoints are kept until "
            f"overwritten)")
-    sha_path = run_dir / "state" / "train_state.sha256"
-    digest = sha256_file(path)
-    if sha_path.is_file() and digest != sha_path.read_text().strip():
-        # the state file is replaced atomically before its hash: a hash file older than the state file means
-        # the process stopped between the two writes (the state itself is complete), not corruption
-        if sha_path.stat().st_mtime_ns >= path.stat().st_mtime_ns:
-            raise MSBError(f"{path}: resume state is corrupt (SHA-256 differs from {sha_path.name}); {fix}")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    committed, candidate = _read_digest(sha_path), _read_digest(pending)
+    if committed is not None and digest == committed:
+        if candidate is not None:  # a kill before its state was installed: that state never arrived
+            with contextlib.suppress(OSError):
+                pending.unlink()
+    elif candidate is not None and digest == candidate:
+        # a kill between installing the state and installing its digest (written before the state)
+        with write_guard(sha_path, "resume-state digest"):
+            os.replace(pending, sha_path)
+    elif committed is None and candidate is None:
+        raise MSBError(f"{path}: resume state has no digest ({sha_path.name} is missing), so it cannot be "
+                       f"verified; {fix}")
+    elif not zipfile.is_zipfile(io.BytesIO(data)):
+        raise MSBError(f"{path}: resume state is unreadable (not a PyTorch file; SHA-256 {digest[:12]}... differs "
+                       f"from {sha_path.name}); {fix}")
+    else:
+        raise MSBError(f"{path}: resume state is corrupt (SHA-256 {digest[:12]}... differs from {sha_path.name} "
+                       f"{(committed or candidate or '')[:12]}...: the file changed after it was written); {fix}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
         raise MSBError(f"{path}: resume state is unreadable ({type(exc).__name__}); {fix}") from exc
     if not isinstance(state, dict):
         raise MSBError(f"{path}: resume state is not a dict ({type(state).__name__}); {fix}")
-    atomic_write_text(sha_path, digest + "\n")
     return upgrade_state(state, path)

@@ -117,8 +117,11 @@ def test_checkpoint_records_and_sha_verification(tmp_path: Path, synth_root: Pat
 
 
 def test_corrupt_resume_state_is_a_clear_error(tmp_path: Path, synth_root: Path):
-    """A damaged state file stops the resume with a message naming the file and the fix; an interrupted
-    write (hash file older than the state file) still resumes."""
+    """A damaged state file stops the resume with a message naming the file and the fix, whatever the ages of
+    the state and digest files (issue 17: a state newer than its digest used to be trusted and its digest
+    rewritten); an interrupted write (killed between installing the state and its digest, which was written
+    first as ``train_state.sha256.pending``) still resumes."""
+    import hashlib
     import os
 
     ds = load_prepared_dataset(synth_root)
@@ -142,8 +145,14 @@ def test_corrupt_resume_state_is_a_clear_error(tmp_path: Path, synth_root: Path)
     with pytest.raises(MSBError, match=r"resume state is unreadable"):
         train_run(run, run_dir, ds)
 
-    state.write_bytes(good)  # complete state, hash file stale and older: resume proceeds
+    state.write_bytes(good)  # complete state, digest stale and older: no digest vouches for it, refused
     os.utime(sha, ns=(state.stat().st_atime_ns, state.stat().st_mtime_ns - 10**9))
+    with pytest.raises(MSBError, match=r"train_state\.pt: resume state is corrupt .*delete .*state"):
+        train_run(run, run_dir, ds)
+    assert sha.read_text().strip() == "0" * 64  # the digest is never rewritten from the file it guards
+
+    # killed between installing the state and its digest: the pending digest vouches for it, resume proceeds
+    (run_dir / "state" / "train_state.sha256.pending").write_text(hashlib.sha256(good).hexdigest() + "\n")
     res = train_run(run, run_dir, ds)
     assert res.finished and res.epochs_done == 2
 
