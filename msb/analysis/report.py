@@ -41,6 +41,7 @@ from msb.analysis.compare import paired_differences_table, paired_tests
 from msb.analysis.contract import (ChecklistItem, RunInfo, contract_table, find_counts_files, find_run_dirs,
                                    read_run, reporting_checklist)
 from msb.analysis.counts_io import read_counts_with_report
+from msb.utils.evaluation_folder import check_listed_digest, check_predictions
 from msb.analysis.figures import dice_vs_hd95, paired_differences, ranking_changes, score_distributions
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
@@ -133,11 +134,14 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     eval_dirs: dict[tuple[str, str], Path] = {}
     metric_frames = []
     for f in read_report.files:
-        keys = pd.read_parquet(f, columns=["run_id", "checkpoint_role"]).drop_duplicates()
-        for rid, role in zip(keys["run_id"].astype(str), keys["checkpoint_role"].astype(str)):
+        keys = pd.read_parquet(f, columns=["run_id", "checkpoint_role", "image_id"])
+        for rid, role in keys[["run_id", "checkpoint_role"]].drop_duplicates().astype(str).itertuples(index=False):
             eval_dirs.setdefault((rid, role), Path(f).parent)
+        if (Path(f).parent / "predictions").is_dir():  # the overlays and boundary metrics read them
+            check_predictions(Path(f).parent, keys["image_id"].astype(str).unique())
         mp = Path(f).parent / "metrics.parquet"
         if mp.is_file():
+            check_listed_digest(Path(f).parent, "metrics.parquet")
             try:
                 metric_frames.append(pd.read_parquet(mp))
             except Exception as e:  # pyarrow errors

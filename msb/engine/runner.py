@@ -120,8 +120,15 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
         MSBError: an empty train/selection split; a bad data file (naming the file, the bad value and its pixel
             count); a diverged training (naming the epoch and step); a full or failing disk (naming the file and
             the free space; the last saved epoch is kept).
+
+    Leftovers of writes interrupted by a kill (``.latest.pt.*``, ``.train_state.pt.*``, staging folders) are
+    removed first (:func:`msb.utils.interrupted.clean_interrupted_writes`).
     """
+    from msb.utils.interrupted import clean_interrupted_writes
+
     cfg = run.config
+    if run_dir.is_dir():
+        clean_interrupted_writes(run_dir, log)
     with write_guard(run_dir / "config.yaml", "run config"):
         write_run_config(run, run_dir)
     splits = ensure_split(cfg, ds, run_dir)

@@ -25,7 +25,8 @@ from msb.utils.digests import DIGESTS_FILENAME, Digests, check_digest, compute_d
 from msb.utils.interrupted import is_temp_file_name
 
 __all__ = ["evaluate_command", "ensemble_hint", "regenerate_command", "seal_folder", "check_counts_digest",
-           "check_predictions", "check_done_folder", "unrecorded_checkpoint_error", "unverified_note", "NOT_SEALED"]
+           "check_predictions", "check_done_folder", "unrecorded_checkpoint_error", "unverified_note", "NOT_SEALED",
+           "check_listed_digest"]
 
 #: Files of an evaluation folder that ``digests.json`` does not cover (``DONE`` is written after the swap).
 NOT_SEALED = frozenset({DIGESTS_FILENAME, "DONE"})
@@ -118,6 +119,24 @@ def check_counts_digest(path: str | os.PathLike, data: bytes | None = None) -> b
     if digests is None:
         return False
     check_digest(digests, path.name, hint, data)
+    return True
+
+
+def check_listed_digest(eval_dir: str | os.PathLike, rel: str) -> bool:
+    """Check ``eval_dir/rel`` against the folder's ``digests.json`` when it lists that file.
+
+    Returns:
+        True when checked; False when the folder has no digests or does not list ``rel``.
+
+    Raises:
+        MSBError: the digest differs (one line naming the file and the regenerate command).
+    """
+    d = Path(eval_dir)
+    hint = regenerate_command(d)
+    digests = read_digests(d, hint)
+    if digests is None or rel not in digests.files:
+        return False
+    check_digest(digests, rel, hint)
     return True
 
 

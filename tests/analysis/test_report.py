@@ -458,8 +458,33 @@ def test_boundary_metrics_of_different_conventions_are_left_out(study: Path, tmp
     m = pd.read_parquet(files[0])
     assert set(m["hd_convention"]) == {"metrics_reloaded"}
     m.assign(hd_convention="medpy").to_parquet(files[0])
+    # as `msb metrics` does after recomputing a table: record the new file's digest
+    from msb.utils.digests import set_digest
+    from msb.utils.hashing import sha256_file
+
+    set_digest(files[0].parent, "metrics.parquet", sha256_file(files[0]))
     res = build_report(copy, tmp_path / "rep", n_boot=0)
     note = [n for n in res.notes if "boundary metrics left out" in n]
     assert len(note) == 1 and "hd_convention=medpy" in note[0] and "hd_convention=metrics_reloaded" in note[0]
     ok = build_report(study, tmp_path / "rep_ok", n_boot=0)  # control: one convention, no such note
     assert not [n for n in ok.notes if "boundary metrics left out" in n]
+
+
+@pytest.mark.parametrize("fault", ["missing_prediction", "edited_metrics"])
+def test_report_refuses_predictions_or_metrics_that_do_not_match_the_counts(study: Path, tmp_path: Path, fault):
+    from msb.errors import MSBError
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(study, copy, ignore=shutil.ignore_patterns("report"))
+    ev = sorted(copy.glob("*/evaluation/best"))[0]
+    if fault == "missing_prediction":
+        victim = sorted((ev / "predictions").glob("*.npz"))[0]
+        victim.unlink()
+        match = rf"1 of \d+ image\(s\) of counts.parquet have no prediction file \({victim.stem}\)"
+    else:
+        m = pd.read_parquet(ev / "metrics.parquet")
+        m.assign(hd95=m["hd95"] * 0.5).to_parquet(ev / "metrics.parquet")
+        match = r"metrics.parquet: SHA-256 .* differs"
+    with pytest.raises(MSBError, match=match):
+        build_report(copy, tmp_path / "rep", n_boot=0)
+    assert not (tmp_path / "rep").exists()
