@@ -19,6 +19,20 @@ from msb.cli_common import app, console, err_console, log, state as _state, trac
 from msb.errors import MSBError
 
 
+def _study_of_run_locked(run_dir: Path):
+    """The study lock of the study folder holding run folder ``run_dir`` (``msb evaluate`` / ``msb metrics``
+    never write into a run while a plain ``msb run`` of its study runs, nor two at once); a no-op context for a
+    path that is not a run folder (the command's own check names it)."""
+    import contextlib
+
+    from msb.study.units import study_lock
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        return contextlib.nullcontext()
+    return study_lock(run_dir.resolve().parent, wait=False, log=log)
+
+
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors.")) -> None:
     _state["debug"] = debug
@@ -97,7 +111,8 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
     elif class_map or split:
         raise MSBError("--class-map and --split apply to --external evaluations only; add --external DATASET")
     else:
-        paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
+        with _study_of_run_locked(run_dir):
+            paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
     df, report = read_counts_with_report(paths)  # digests verified
     for note in report.notes:
         log(note)
@@ -184,12 +199,13 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             unverified.append(d)
     if unverified:
         log(unverified_note(unverified))
-    for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
-        drop_digest(d, "metrics.parquet")
-    written = write_run_metrics(run_dir, cfg.evaluation.metrics)
-    for path in written:
-        fault_point("metrics.written")
-        set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
+    with _study_of_run_locked(run_dir):  # no `msb run` of the study writes into the run meanwhile
+        for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
+            drop_digest(d, "metrics.parquet")
+        written = write_run_metrics(run_dir, cfg.evaluation.metrics)
+        for path in written:
+            fault_point("metrics.written")
+            set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
     for path in written:
         summary = summarize_metrics(pd.read_parquet(path))
         table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention})")

@@ -201,8 +201,9 @@ def write_state(u: StudyUnit, **parts: Any) -> None:
 
 @contextlib.contextmanager
 def study_lock(root: Path, wait: bool = False, log: Logger = no_log) -> Iterator[None]:
-    """Hold ``<root>/_study/locks/study.lock`` for a plain ``msb run`` (one such process per study folder at a
-    time; ``--worker`` processes coordinate through the optuna storage instead). The holder is recorded in
+    """Hold ``<root>/_study/locks/study.lock`` for a plain ``msb run``, ``msb evaluate RUN`` or ``msb metrics RUN``
+    (one such process per study folder at a time; ``--worker`` processes coordinate through the optuna storage
+    instead). The holder is recorded in
     ``study.owner`` (``host:pid:start``, start time, command line) so a refused run can say who holds it; the
     lock itself is released by the operating system when the holder dies, so a stale owner file means nothing.
 
@@ -221,11 +222,13 @@ def study_lock(root: Path, wait: bool = False, log: Logger = no_log) -> Iterator
         lock.acquire(timeout=0)
     except filelock.Timeout:
         holder = read_json(owner_file) or {}
-        who = f"{holder.get('owner', 'another process')} (since {holder.get('started', '?')})"
+        who = (f"process {holder.get('owner', '?')} running '{holder.get('command', '?')}' since "
+               f"{holder.get('started', '?')}")
         if not wait:
-            raise MSBError(f"{root}: another 'msb run' of this study is running: {who}; wait for it to end, rerun "
-                           f"with --wait to queue behind it, or use --worker processes to share the work") from None
-        log(f"waiting for the other 'msb run' of this study to end: {who}")
+            raise MSBError(f"{root}: another msb process is working on this study: {who}; wait for it to end, "
+                           f"rerun 'msb run' with --wait to queue behind it, or use --worker processes to share "
+                           f"the work") from None
+        log(f"waiting for the other msb process working on this study to end: {who}")
         lock.acquire()
     try:
         write_json(owner_file, {"owner": owner_id(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -185,11 +185,11 @@ def test_second_plain_run_of_a_study_is_refused_or_waits(tmp_path, make_project,
         r = msb_cli("run", str(study))
         assert r.returncode == 2 and "Traceback" not in r.stderr
         msg = " ".join(r.stderr.split())
-        assert "another 'msb run' of this study is running" in msg and owner_id() in msg and "--wait" in msg
+        assert "another msb process is working on this study: process " + owner_id() in msg and "--wait" in msg
         assert sorted(p.name for p in root.iterdir()) == ["_study"]  # no run folder was started
         waiting = msb_popen("run", str(study), "--wait", log=tmp_path / "wait.log")
         t0 = time.monotonic()
-        while "waiting for the other 'msb run'" not in (tmp_path / "wait.log").read_text():
+        while "waiting for the other msb process" not in (tmp_path / "wait.log").read_text():
             assert waiting.poll() is None and time.monotonic() - t0 < 120
             time.sleep(0.1)
     assert waiting.wait(timeout=300) == 0
@@ -224,3 +224,20 @@ def test_sigterm_during_a_search_trial_resumes_it_under_its_number(tmp_path, mak
     assert r.returncode == 0, r.stderr
     sel = json.loads((sdir / "_study" / "synthetic-unet_tiny" / "selected.json").read_text())
     assert [(t["number"], t["state"]) for t in sel["trials"]] == [(0, "COMPLETE"), (1, "COMPLETE")]
+
+
+def test_evaluate_and_metrics_wait_for_no_plain_run_of_the_study(tmp_path, make_project, msb_cli):
+    """`msb evaluate RUN` / `msb metrics RUN` while a plain `msb run` of the same study holds it: one line naming
+    the holder, exit 2, nothing written."""
+    from msb.study.units import study_lock
+
+    study = make_project(tmp_path, {"study": "busy"})
+    assert msb_cli("run", str(study)).returncode == 0
+    root = tmp_path / "runs" / "busy"
+    (run,) = [d for d in root.iterdir() if (d / "config.yaml").is_file()]
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with study_lock(root):
+        for args in (("evaluate", str(run), "--checkpoint", "best", "--force"), ("metrics", str(run))):
+            r = msb_cli(*args)
+            assert r.returncode == 2 and "another msb process is working on this study" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
