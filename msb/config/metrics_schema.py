@@ -11,6 +11,8 @@ from typing import List, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from msb.config.strict import StrictModel
+
 HDConvention = Literal["metrics_reloaded", "monai", "medpy", "surface_distance"]
 """Named conventions for HD / HD95 / ASSD / MASD (see ``msb.evaluation.surface.CONVENTIONS``)."""
 
@@ -21,7 +23,7 @@ LesionCriterion = Literal["any_overlap", "centroid_in_reference", "iou"]
 """Lesion matching rules (see ``msb.evaluation.lesion``)."""
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(StrictModel):
     """Settings of the per image x class boundary/lesion metric engine.
 
     Attributes:

@@ -12,11 +12,12 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from msb.config.strict import StrictModel
+
 __all__ = ["WebhookConfig", "EmailConfig", "NotificationsConfig"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+_Strict = StrictModel
 
 
 class WebhookConfig(_Strict):

@@ -357,11 +357,15 @@ def test_duplicate_yaml_key_is_an_error(tmp_path: Path, data_root: Path):
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("config.yaml"))
 
 
-def test_boolean_is_not_an_integer(tmp_path: Path, data_root: Path):
-    """``epochs: true`` is refused (it used to be taken as 1), naming the file and the key."""
-    study = _project(tmp_path, data_root, {"study": "f", "overrides": {"train": {"epochs": True}}})
+@pytest.mark.parametrize("overrides,key", [({"train": {"epochs": True}}, "train.epochs"),
+                                          ({"evaluation": {"metrics": {"min_lesion_area": True}}},
+                                           "evaluation.metrics.min_lesion_area")])
+def test_boolean_is_not_an_integer(tmp_path: Path, data_root: Path, overrides, key):
+    """``epochs: true`` is refused (it used to be taken as 1), naming the file and the key; the metrics and
+    notification schemas share the same strict base."""
+    study = _project(tmp_path, data_root, {"study": "f", "overrides": overrides})
     line = _one_line_error(_msb("run", str(study)))
-    assert str(study) in line and "train.epochs" in line and "boolean" in line, line
+    assert str(study) in line and key in line and "boolean" in line, line
 
 
 # ------------------------------------------------------------------------------------------------ item 8
