@@ -112,22 +112,36 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
     records = read_records(run_dir)
     records[role] = rec
     rec_path = run_dir / "checkpoints" / "records.json"
-    pending = _pending_records_path(run_dir)
-    with write_guard(pending, "checkpoint records"):
-        atomic_write_text(pending, _records_json(records))
-    fault_point("save_checkpoint:records_pending")
+    _install_guarded(path, data, "checkpoint", _pending_records_path(run_dir), rec_path, _records_json(records),
+                     "checkpoint records", ("save_checkpoint:records_pending", "save_checkpoint:file_installed",
+                                            "save_checkpoint:records_installed"))
+    return rec
+
+
+def _install_guarded(path: Path, data: bytes, what: str, pending: Path, guard_path: Path, guard_text: str,
+                     guard_what: str, points: tuple[str, str, str]) -> None:
+    """Install ``data`` at ``path`` together with the file that vouches for it (a digest or the records), so
+    that every kill point leaves a consistent pair: the guard is written to ``pending`` first, then ``path`` is
+    replaced, then ``pending`` is renamed onto ``guard_path`` (a reader accepts a file matching either). A failed
+    write of ``path`` removes ``pending``. ``points``: the named kill points after each of the three steps.
+
+    Raises:
+        MSBError: a full or failing disk (:func:`msb.utils.io_errors.write_guard`: path and free space).
+    """
+    with write_guard(pending, guard_what):
+        atomic_write_text(pending, guard_text)
+    fault_point(points[0])
     try:
-        with write_guard(path, "checkpoint"):
+        with write_guard(path, what):
             atomic_write_bytes(path, data)
     except BaseException:
         with contextlib.suppress(OSError):
             pending.unlink()
         raise
-    fault_point("save_checkpoint:file_installed")
-    with write_guard(rec_path, "checkpoint records"):
-        os.replace(pending, rec_path)
-    fault_point("save_checkpoint:records_installed")
-    return rec
+    fault_point(points[1])
+    with write_guard(guard_path, guard_what):
+        os.replace(pending, guard_path)
+    fault_point(points[2])
 
 
 def _parse_records(path: Path) -> dict[str, CheckpointRecord]:
@@ -251,20 +265,9 @@ def save_state(run_dir: Path, state: dict[str, Any]) -> None:
     data = buf.getvalue()
     sdir = run_dir / "state"
     path, sha_path, pending = sdir / STATE_FILE, sdir / STATE_DIGEST, sdir / STATE_PENDING
-    with write_guard(pending, "resume-state digest"):
-        atomic_write_text(pending, hashlib.sha256(data).hexdigest() + "\n")
-    fault_point("save_state:digest_pending")
-    try:
-        with write_guard(path, "resume state"):
-            atomic_write_bytes(path, data)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            pending.unlink()
-        raise
-    fault_point("save_state:state_installed")
-    with write_guard(sha_path, "resume-state digest"):
-        os.replace(pending, sha_path)
-    fault_point("save_state:digest_installed")
+    _install_guarded(path, data, "resume state", pending, sha_path, hashlib.sha256(data).hexdigest() + "\n",
+                     "resume-state digest", ("save_state:digest_pending", "save_state:state_installed",
+                                             "save_state:digest_installed"))
 
 
 def load_state(run_dir: Path) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ from msb.config.schema import RunConfig
 from msb.config.study_spec import apply_params, grid_points, param_distributions
 from msb.engine.runner import checkpoint_roles
 from msb.errors import MSBError
+from msb.study.coord import owner_id
 from msb.study.external import ExternalSet
 from msb.study.manifest import read_json, write_json
 from msb.utils.hashing import sha256_json
@@ -213,8 +214,6 @@ def study_lock(root: Path, wait: bool = False, log: Logger = no_log) -> Iterator
     Raises:
         MSBError: the lock is held by another process and ``wait`` is False (the message names the holder).
     """
-    from msb.study.coord import owner_id
-
     locks = root / "_study" / "locks"
     lock = file_lock(locks / "study.lock")
     owner_file = locks / "study.owner"
