@@ -16,13 +16,21 @@ __all__ = ["data_prepare", "data_synth", "data_validate", "audit"]
 
 # ------------------------------------------------------------------------------------------------ data
 @data_app.command("prepare")
-def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | pranet | cvc-clinicdb | "
-                                                      "isic2018-task1 | busi | bkai-igh-neopolyp | folder | synthetic."),
+def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | pranet | cvc-clinicdb | cvc-colondb | "
+                                                      "etis-larib | cvc-300 | isic2018-task1 | busi | "
+                                                      "bkai-igh-neopolyp | folder | synthetic."),
                  source: Optional[str] = typer.Option(None, help="Raw dataset folder, .zip/.tar archive or http(s) "
                                                                  "URL of one (downloaded to a temporary file)."),
                  out: Optional[Path] = typer.Option(None, help="Output folder (default datasets/<name>)."),
                  limit: Optional[int] = typer.Option(None, help="Convert only the first N samples (tests)."),
                  overwrite: bool = typer.Option(False, help="Replace an existing prepared dataset."),
+                 threshold: Optional[float] = typer.Option(None, help="Binarise masks: value > T -> foreground "
+                                                                      "(e.g. 127)."),
+                 groups: Optional[Path] = typer.Option(None, help="CSV of group ids (patient / video sequence)."),
+                 group_id_column: Optional[str] = typer.Option(None, help="Its sample key column (default "
+                                                                          "sample_id, else image), e.g. frame."),
+                 group_column: Optional[str] = typer.Option(None, help="Its group column (default group), e.g. "
+                                                                       "sequence."),
                  option: Optional[List[str]] = typer.Option(None, help="Converter option KEY=VALUE (YAML value), "
                                                                        "repeatable, e.g. --option val_fraction=0.")
                  ) -> None:
@@ -35,6 +43,16 @@ def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | p
     opts = {"overwrite": overwrite}
     if limit is not None:
         opts["limit"] = limit
+    if threshold is not None:
+        opts["threshold"] = threshold
+    if groups is not None:
+        opts["groups_csv"] = str(groups)
+    elif group_id_column is not None or group_column is not None:
+        raise MSBError("--group-id-column / --group-column name the columns of --groups FILE; pass --groups too.")
+    if group_id_column is not None:
+        opts["group_id_column"] = group_id_column
+    if group_column is not None:
+        opts["group_column"] = group_column
     for item in option or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -132,7 +132,7 @@ def test_kvasir_missing_subfolder(tmp_path: Path) -> None:
         p.unlink()
     (src / "masks").rmdir()
     out = tmp_path / "out"
-    with pytest.raises(MSBError, match=r"src/masks not found; --source must be the Kvasir-SEG folder"):
+    with pytest.raises(MSBError, match=r"src: images/ found but no mask folder beside it \(masks/, mask/.*--source must be the folder holding both"):
         prepare_dataset("kvasir-seg", src, out)
     assert_clean(out)
 
@@ -222,7 +222,7 @@ def test_kvasir_bad_limit(tmp_path: Path) -> None:
 def test_registry_and_unknown_names(tmp_path: Path) -> None:
     assert {"kvasir-seg", "folder", "synthetic"} <= set(CONVERTERS)
     with pytest.raises(MSBError, match="unknown dataset converter 'nope'; valid names: bkai-igh-neopolyp, busi, "
-                                       "cvc-clinicdb, folder, isic2018-task1, kvasir-seg, pranet, synthetic"):
+                                       "cvc-300, cvc-clinicdb, cvc-colondb, etis-larib, folder, isic2018-task1, kvasir-seg, pranet, synthetic"):
         prepare_dataset("nope", tmp_path, tmp_path / "out")
     with pytest.raises(MSBError, match=r"unknown option\(s\) \['bogus'\] for converter 'kvasir-seg'; valid options: "
                                        r"limit, threshold"):

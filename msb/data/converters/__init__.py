@@ -11,7 +11,8 @@ dataset is ever left behind. An existing non-empty ``out`` is only replaced with
 Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder`), ``synthetic``
 (:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
-``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`); a URL or archive as source: :mod:`.fetch`. Names are case-insensitive and ``_``
+``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
+(:mod:`.polyp_sets`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source: :mod:`.fetch`. Names are case-insensitive and ``_``
 is accepted for ``-``.
 """
 
@@ -87,6 +88,7 @@ from msb.data.converters.busi import convert_busi  # noqa: E402
 from msb.data.converters.cvc_clinicdb import convert_cvc_clinicdb  # noqa: E402
 from msb.data.converters.isic2018 import convert_isic2018_task1  # noqa: E402
 from msb.data.converters.pranet import convert_pranet  # noqa: E402
+from msb.data.converters.polyp_sets import convert_cvc_300, convert_cvc_colondb, convert_etis_larib  # noqa: E402
 
 #: converter name -> callable(source, out, **options) -> ConversionReport
 CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
@@ -98,6 +100,9 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "isic2018-task1": convert_isic2018_task1,
     "busi": convert_busi,
     "bkai-igh-neopolyp": convert_bkai_neopolyp,
+    "cvc-colondb": convert_cvc_colondb,
+    "etis-larib": convert_etis_larib,
+    "cvc-300": convert_cvc_300,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",

@@ -8,9 +8,9 @@ frames with masks, 200 test frames without).
 Licence: released for the BKAI-IGH NeoPolyp Kaggle competition; the competition's rules/data page states the
 terms (accept them on Kaggle; research use, cite the article). Not verified here: check before redistribution.
 
-Source layout (the Kaggle zip): ``train/train/<id>.jpeg`` images and ``train_gt/train_gt/<id>.jpeg`` colour
-masks with the same names (the doubled folder level is optional); ``test/test/`` (no masks) is skipped and
-counted in the notes.
+Source layouts: the Kaggle zip, ``train/train/<id>.jpeg`` images and ``train_gt/train_gt/<id>.jpeg`` colour
+masks with the same names (the doubled folder level is optional; ``test/test/``, without masks, is skipped and
+counted in the notes); or the common ``images/ + masks/`` layout (e.g. the shared 120-pair subset).
 
 Colour code (official): **red = neoplastic polyp, green = non-neoplastic polyp**, black = background. The masks
 are lossy JPEGs, so each pixel is classified from its red (R) and green (G) channel with ``threshold`` t
@@ -29,7 +29,8 @@ Written as PNG with values ``{0, 1, 2}`` (``classes.csv``: 0 background [0], 1 n
 2 non_neoplastic [2]). ``n_changed_mask_pixels`` = pixels whose source colour is not exactly one of
 ``(0,0,0)``, ``(255,0,0)``, ``(0,255,0)`` (their class came from the threshold rule). ``sample_id`` = image
 stem, ``source`` = ``bkai-igh-neopolyp``, ``split`` empty (the 200 official test frames have no public masks),
-``group`` empty (no patient/video ids; ``groups_csv`` accepted).
+``group`` empty (no patient/video ids; ``groups_csv`` accepted). ``merge_polyp_classes=True`` writes one
+``polyp`` class (255) instead (0 background, 255 where class 1 or 2).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from pathlib import Path
 import numpy as np
 
 from msb.data.converters.staging import ConversionReport, staged_output
-from msb.data.converters._common import (MaskResult, Sample, check_limit, check_threshold, descend_same_name,
-                                         find_child, list_images, natural_key, open_rgb, read_groups_csv,
+from msb.data.converters._common import (MaskResult, Sample, apply_groups, check_limit, check_threshold,
+                                         descend_same_name, find_child, list_images, natural_key, open_rgb,
                                          write_samples)
+from msb.data.converters.layouts import images_masks_layout
 from msb.data.converters.folder import find_pairs
 from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError
@@ -50,6 +52,8 @@ from msb.errors import MSBError
 SOURCE_LABEL = "bkai-igh-neopolyp"
 DEFAULT_THRESHOLD = 127
 CLASSES = [ClassSpec(0, "background", (0,)), ClassSpec(1, "neoplastic", (1,)), ClassSpec(2, "non_neoplastic", (2,))]
+#: classes with ``merge_polyp_classes=True``
+MERGED_CLASSES = [ClassSpec(0, "background", (0,)), ClassSpec(1, "polyp", (255,))]
 _PURE = np.array([[0, 0, 0], [255, 0, 0], [0, 255, 0]], dtype=np.uint8)
 
 
@@ -81,7 +85,8 @@ def classify_colour_mask(rgb: np.ndarray, threshold: float = DEFAULT_THRESHOLD) 
 
 def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                           threshold: float = DEFAULT_THRESHOLD, groups_csv: str | None = None,
-                          overwrite: bool = False) -> ConversionReport:
+                          group_id_column: str | None = None, group_column: str = "group",
+                          merge_polyp_classes: bool = False, overwrite: bool = False) -> ConversionReport:
     """Convert the BKAI-IGH NeoPolyp Kaggle release into a three-class prepared dataset at ``out``.
 
     Args:
@@ -89,14 +94,19 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
         out: destination folder (built in a hidden temporary sibling, renamed at the end).
         limit: keep the first ``limit`` pairs in natural name order.
         threshold: colour channel threshold t (default 127).
-        groups_csv: optional CSV (``sample_id`` or ``image``, ``group``).
+        groups_csv: optional groups CSV (e.g. the shared subset's ``index.csv`` with ``group_id_column="image"``,
+            ``group_column="near_dup_group"``).
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
+        merge_polyp_classes: write one ``polyp`` class (value 255) = neoplastic or non-neoplastic, i.e.
+            ``R > t or G > t`` (the shared PROVENANCE.md's ``max(R, G) > 127``), instead of the two classes.
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
         :class:`msb.data.converters.ConversionReport` (changed pixels = pixels not exactly black/red/green).
 
     Raises:
-        MSBError: ``train/`` or ``train_gt/`` missing, unpaired files, unreadable files, size mismatch, bad
+        MSBError: neither ``train/`` + ``train_gt/`` nor ``images/`` + ``masks/`` found, unpaired files, unreadable files, size mismatch, bad
             options. Nothing is left at ``out`` after an error.
     """
     source = Path(source).expanduser()
@@ -106,11 +116,17 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
     check_limit(limit)
     check_threshold(threshold)
     img_dir, gt_dir = find_child(source, ("train",)), find_child(source, ("train_gt",))
-    if img_dir is None or gt_dir is None:
-        raise MSBError(f"{source}: needs train/ (images) and train_gt/ (colour masks); found "
+    if img_dir is not None and gt_dir is not None:
+        pairs, notes = find_pairs(descend_same_name(img_dir), descend_same_name(gt_dir))
+        notes.insert(0, "layout: official (train/ + train_gt/)")
+    elif (layout := images_masks_layout(source, ("bkai-igh-neopolyp",))) is not None:
+        part = layout.parts[0]
+        pairs, notes = find_pairs(part.images, part.masks)
+        notes.insert(0, f"layout: images-masks ({part.label})")
+    else:
+        raise MSBError(f"{source}: needs train/ (images) and train_gt/ (colour masks), or images/ + masks/; found "
                        f"{sorted(p.name for p in source.iterdir() if p.is_dir())}. --source must be the unzipped "
                        f"bkai-igh-neopolyp folder.")
-    pairs, notes = find_pairs(descend_same_name(img_dir), descend_same_name(gt_dir))
     pairs = sorted(pairs, key=lambda p: natural_key(p.sample_id))
     if limit is not None and limit < len(pairs):
         notes.append(f"limit={limit}: kept the first {limit} of {len(pairs)} pairs")
@@ -120,28 +136,30 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
         notes.append(f"skipped {len(list_images(descend_same_name(test_dir)))} test image(s) in {test_dir.name}/: "
                      f"their masks are not public")
     samples = [Sample(p.sample_id, p.image, (p.mask,), f"images/{p.image.name}", "", "", SOURCE_LABEL) for p in pairs]
-    if groups_csv:
-        known = {s.sample_id: s.sample_id for s in samples} | {s.image.name: s.sample_id for s in samples}
-        groups = read_groups_csv(groups_csv, known)
-        samples = [Sample(s.sample_id, s.image, s.masks, s.image_rel, "", groups.get(s.sample_id, ""), s.source)
-                   for s in samples]
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
 
     def mask_fn(sample: Sample) -> MaskResult:
         labels, not_pure, ambiguous = classify_colour_mask(open_rgb(sample.masks[0]), threshold)
-        return MaskResult(labels, not_pure, {"ambiguous": ambiguous, "neoplastic": int((labels == 1).sum()),
+        written = np.where(labels > 0, np.uint8(255), np.uint8(0)) if merge_polyp_classes else labels
+        return MaskResult(written, not_pure, {"ambiguous": ambiguous, "neoplastic": int((labels == 1).sum()),
                                              "non_neoplastic": int((labels == 2).sum())})
 
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, counters = write_samples(samples, tmp, mask_fn)
-        write_prepared_dataset(tmp, index, CLASSES)
+        write_prepared_dataset(tmp, index, MERGED_CLASSES if merge_polyp_classes else CLASSES)
         load_prepared_dataset(tmp, check_files=True)
     notes.append(f"colour masks classified with threshold {threshold:g} on R and G (red -> 1 neoplastic, green -> 2 "
                  f"non_neoplastic): {counters.get('neoplastic', 0):,} neoplastic and "
                  f"{counters.get('non_neoplastic', 0):,} non-neoplastic pixels; {counters.get('ambiguous', 0):,} "
                  f"pixel(s) had both R and G above the threshold (assigned to the larger channel)")
-    notes.append("no patient/video ids: group is empty; run `msb audit` before splitting")
+    if merge_polyp_classes:
+        notes.append("merge_polyp_classes: both classes written as one polyp class (value 255)")
+    if not groups_csv:
+        notes.append("no patient/video ids: group is empty; run `msb audit` before splitting")
     return ConversionReport(n_samples=len(index), n_changed_mask_pixels=n_changed, notes=notes,
-                            out=Path(out).expanduser().absolute(), name="bkai-igh-neopolyp", n_mask_pixels=n_pixels)
+                            out=Path(out).expanduser().absolute(), name="bkai-igh-neopolyp", n_mask_pixels=n_pixels,
+                            headline="The colour rule classified {n:,} of {total:,} mask pixels that are not exactly black, "
+                                     "red or green ({pct:.3f} %).")
 
 
 __all__ = ["convert_bkai_neopolyp", "classify_colour_mask", "CLASSES"]

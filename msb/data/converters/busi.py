@@ -39,8 +39,8 @@ import numpy as np
 import pandas as pd
 
 from msb.data.converters.staging import ConversionReport, staged_output
-from msb.data.converters._common import (MaskResult, Sample, check_limit, listed, natural_key, read_grey_mask,
-                                         read_groups_csv, write_samples)
+from msb.data.converters._common import (MaskResult, Sample, apply_groups, check_limit, listed, natural_key,
+                                         read_grey_mask, write_samples)
 from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError
 
@@ -128,6 +128,7 @@ def _shared_groups(source: Path, images: dict[str, Path]) -> dict[str, str] | No
 
 def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                  exclude_label_conflicts: bool = True, groups_csv: str | None = None,
+                 group_id_column: str | None = None, group_column: str = "group",
                  overwrite: bool = False) -> ConversionReport:
     """Convert a BUSI download (any of the layouts in the module docstring) into a prepared dataset at ``out``.
 
@@ -136,7 +137,9 @@ def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: in
         out: destination folder (built in a hidden temporary sibling, renamed at the end).
         limit: keep the first ``limit`` images in natural name order (after exclusions).
         exclude_label_conflicts: drop :data:`LABEL_CONFLICTS` images when present.
-        groups_csv: optional CSV (``sample_id`` or ``image``, ``group``); overrides ``<source>/index.csv``.
+        groups_csv: optional groups CSV; replaces ``<source>/index.csv``'s groups.
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
@@ -172,11 +175,7 @@ def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: in
         notes.append(f"limit={limit}: kept the first {limit} of {len(stems)} images")
         stems = stems[:limit]
     groups: dict[str, str] = {}
-    if groups_csv:
-        known = {s: s for s in images} | {p.name: s for s, p in images.items()}
-        groups = read_groups_csv(groups_csv, known)
-        notes.append(f"groups from {groups_csv}")
-    else:
+    if not groups_csv:
         shared = _shared_groups(source, images)
         if shared is not None:
             groups = shared
@@ -186,6 +185,7 @@ def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: in
                          "`--apply-clusters`)")
     samples = [Sample(s, images[s], tuple(masks[s]), f"images/{images[s].name}", "", groups.get(s, ""),
                       SOURCE_LABEL, (("diagnosis", diagnosis_of(s)),)) for s in stems]
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, counters = write_samples(samples, tmp, _union_mask)
         write_prepared_dataset(tmp, index, [ClassSpec(0, "background", (0,)), ClassSpec(1, "lesion", (255,))])
@@ -200,7 +200,9 @@ def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: in
     if counters.get("colour_masks"):
         notes.append(f"{counters['colour_masks']} colour mask(s) with unequal channels: channel mean > 0 used")
     return ConversionReport(n_samples=len(index), n_changed_mask_pixels=n_changed, notes=notes,
-                            out=Path(out).expanduser().absolute(), name="busi", n_mask_pixels=n_pixels)
+                            out=Path(out).expanduser().absolute(), name="busi", n_mask_pixels=n_pixels,
+                            headline="Merging the extra lesion mask files (<stem>_mask_<j>.png, by union) added {n:,} "
+                                     "lesion pixels to the primary masks ({pct:.3f} % of {total:,} mask pixels).")
 
 
 __all__ = ["convert_busi", "LABEL_CONFLICTS", "diagnosis_of", "find_busi_files"]

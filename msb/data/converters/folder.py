@@ -17,13 +17,17 @@ Mask values
 * ``threshold=None``: raw values are kept (masks re-encoded losslessly as PNG, 8 or 16 bit); ``classes.csv``
   gets class 0 = background (value 0) and one class per other observed value in ascending order, named
   ``class_<value>`` unless ``class_names`` maps the value to a name. JPEG masks are refused in this mode
-  (lossy noise would become classes): pass a threshold.
+  (lossy noise would become classes): pass a threshold. **Without ``class_names``, masks holding more than two
+  distinct values in all are refused** (faint noise in greyscale masks would silently become classes): the
+  error names the values seen and suggests ``--threshold 127``; declare multi-class masks with
+  ``class_names={value: name}``, and then every observed non-zero value must be declared.
 * ``threshold=t``: binarised, ``value > t`` -> 255, else 0; classes background (0) / ``foreground_name``
   (255). ``n_changed_mask_pixels`` counts pixels whose written value differs from the source value. Colour
   masks with unequal channels are reduced to the rounded channel mean in this mode (noted).
 
 Images are byte-copied unchanged to ``images/<original name>``; masks are written to
-``masks/<sample_id>.png``. ``split`` and ``group`` are empty (the run decides splits).
+``masks/<sample_id>.png``. ``split`` is empty (the run decides splits); ``group`` is empty unless a groups CSV
+is given (``groups_csv``, ``group_id_column``, ``group_column``: :func:`msb.data.converters._common.read_groups_csv`).
 """
 
 from __future__ import annotations
@@ -194,6 +198,23 @@ def _encode_png(mask: np.ndarray, path: Path) -> bytes:
     return buf.tobytes()
 
 
+def _check_values(values: set[int], class_names: Mapping[int, str] | None, pairs: Sequence[Pair]) -> None:
+    """Refuse noisy or undeclared mask values (``threshold=None``; module docstring)."""
+    seen = sorted(values)
+    shown = ", ".join(map(str, seen[:12])) + (f", ... ({len(seen)} values)" if len(seen) > 12 else "")
+    folder = pairs[0].mask.parent if pairs else "the masks folder"
+    if class_names is None and len(seen) > 2:
+        raise MSBError(f"masks in {folder} hold {len(seen)} distinct values ({shown}); a binary mask has two. Pass "
+                       f"--threshold 127 (value > 127 -> foreground) to binarise them, or declare the classes with "
+                       f"--option class_names='{{1: name1, 2: name2}}'.")
+    if class_names is not None:
+        extra = sorted(values - {0} - {int(k) for k in class_names})
+        if extra:
+            raise MSBError(f"masks in {folder} hold value(s) {', '.join(map(str, extra[:12]))} not in class_names "
+                           f"{dict(class_names)} (values seen: {shown}); add them to class_names, or pass "
+                           f"--threshold 127 to binarise.")
+
+
 def convert_pairs(pairs: Sequence[Pair], dest: Path, *, threshold: float | None, source_label: str,
                   foreground_name: str = "foreground", class_names: Mapping[int, str] | None = None
                   ) -> tuple[pd.DataFrame, list[ClassSpec], int, int, list[str]]:
@@ -258,6 +279,7 @@ def convert_pairs(pairs: Sequence[Pair], dest: Path, *, threshold: float | None,
                          f"thresholded")
     else:
         names = dict(class_names or {})
+        _check_values(values, class_names, pairs)
         fg = sorted((values | set(int(k) for k in names)) - {0})
         if not fg:
             raise MSBError("every mask contains only the value 0 (no foreground); nothing to segment. Check the "
@@ -274,7 +296,8 @@ def convert_folder(source: str | os.PathLike, out: str | os.PathLike, *, images_
                    masks_dir: str = "masks", mask_suffix: str = "", threshold: float | None = None,
                    allow_unpaired: bool = False, class_names: Mapping[int, str] | None = None,
                    foreground_name: str = "foreground", source_label: str | None = None,
-                   limit: int | None = None, overwrite: bool = False) -> ConversionReport:
+                   limit: int | None = None, groups_csv: str | None = None, group_id_column: str | None = None,
+                   group_column: str = "group", overwrite: bool = False) -> ConversionReport:
     """Convert an images folder + masks folder into a prepared dataset at ``out``.
 
     Args:
@@ -290,13 +313,17 @@ def convert_folder(source: str | os.PathLike, out: str | os.PathLike, *, images_
         foreground_name: name of the foreground class in binarise mode.
         source_label: ``source`` column value (default: the source folder's name).
         limit: keep only the first ``limit`` pairs by sorted ``sample_id`` (quick tests).
+        groups_csv: optional groups CSV (:func:`msb.data.converters._common.read_groups_csv`).
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
         :class:`msb.data.converters.ConversionReport`.
 
     Raises:
-        MSBError: see :func:`find_pairs` and :func:`convert_pairs`; bad ``limit``; existing output. On error no
+        MSBError: see :func:`find_pairs` and :func:`convert_pairs` (noisy masks without a threshold or class
+            list); bad ``limit`` or groups CSV; existing output. On error no
             output folder or temporary folder is left.
     """
     source = Path(source).expanduser()
@@ -308,6 +335,13 @@ def convert_folder(source: str | os.PathLike, out: str | os.PathLike, *, images_
     if limit is not None and limit < len(pairs):
         notes.append(f"limit={limit}: kept the first {limit} of {len(pairs)} pairs by sample_id")
         pairs = pairs[:limit]
+    if groups_csv:
+        from msb.data.converters._common import group_keys, read_groups_csv
+
+        groups = read_groups_csv(groups_csv, group_keys(pairs), group_id_column, group_column)  # type: ignore[arg-type]
+        pairs = [Pair(p.sample_id, p.image, p.mask, groups.get(p.sample_id, p.group)) for p in pairs]
+        notes.append(f"groups from {groups_csv} (column {group_column!r}): {sum(1 for v in groups.values() if v)} "
+                     f"sample(s) given a group")
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, classes, n_changed, n_pixels, more = convert_pairs(
             pairs, tmp, threshold=threshold, source_label=source_label or source.resolve().name,

@@ -9,7 +9,9 @@ Official URL: https://challenge.isic-archive.com/data/#2018
 Licence: CC BY-NC 4.0 as stated in the ``LICENSE.txt`` shipped in each input zip (the converter copies the
 shipped ``LICENSE.txt``/``ATTRIBUTION.txt`` files to ``<out>/licences/``; those files are authoritative).
 
-Source layout (any subset of the three phases; a phase is converted when both its folders are present):
+Source layouts: the official one (any subset of the three phases; a phase is converted when both its folders
+are present), or, when no phase folder exists, the common ``images/ + masks/`` layout (masks
+``ISIC_<id>_segmentation.png`` or ``ISIC_<id>.png``; ``split`` empty), e.g. the shared ISIC 2017 subset:
 
 ====== =================================== ====================================== ======
 split  images (``ISIC_<7 digits>.jpg``)    masks (``ISIC_<id>_segmentation.png``) count
@@ -33,8 +35,10 @@ import os
 from pathlib import Path
 
 from msb.data.converters.staging import ConversionReport, staged_output
-from msb.data.converters._common import (Sample, check_limit, check_threshold, copy_text_files, find_child,
-                                         natural_key, read_groups_csv, threshold_mask_fn, write_samples)
+from msb.data.converters._common import (Sample, apply_groups, check_limit, check_threshold, copy_text_files,
+                                         find_child, natural_key, threshold_mask_fn, write_samples)
+from msb.data.converters.binary import layout_samples
+from msb.data.converters.layouts import images_masks_layout
 from msb.data.converters.folder import find_pairs
 from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset
 from msb.errors import MSBError
@@ -52,6 +56,7 @@ PHASES: dict[str, tuple[str, str, int]] = {
 
 def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                            threshold: float = DEFAULT_THRESHOLD, groups_csv: str | None = None,
+                           group_id_column: str | None = None, group_column: str = "group",
                            overwrite: bool = False) -> ConversionReport:
     """Convert ISIC 2018 Task 1 folders into a prepared dataset at ``out``.
 
@@ -60,14 +65,16 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
         out: destination folder (built in a hidden temporary sibling, renamed at the end).
         limit: keep the first ``limit`` pairs of each phase by name.
         threshold: ``value > threshold`` -> 255 (default 127).
-        groups_csv: optional CSV with lesion/patient ids (``sample_id`` or ``image``, ``group``).
+        groups_csv: optional CSV with lesion/patient ids (e.g. HAM10000's ``image_id,lesion_id``).
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
         :class:`msb.data.converters.ConversionReport`.
 
     Raises:
-        MSBError: no complete phase found, a phase with only one of its two folders, unpaired files, unreadable
+        MSBError: no complete phase and no images/ + masks/ found, a phase with only one of its two folders, unpaired files, unreadable
             files, size mismatch, bad options. Nothing is left at ``out`` after an error.
     """
     source = Path(source).expanduser()
@@ -104,23 +111,24 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
                 if (d / name).is_file():
                     licences.append((d / name, f"licences/{d.name}_{name}"))
     if not found:
-        raise MSBError(f"{source}: none of the ISIC 2018 Task 1 folders found (e.g. {PHASES['train'][0]}/ with "
-                       f"{PHASES['train'][1]}/); --source must be the folder holding the unzipped phases.")
-    if groups_csv:
-        known = {s.sample_id: s.sample_id for s in samples} | {s.image.name: s.sample_id for s in samples}
-        groups = read_groups_csv(groups_csv, known)
-        samples = [Sample(s.sample_id, s.image, s.masks, s.image_rel, s.split, groups.get(s.sample_id, ""), s.source)
-                   for s in samples]
-        notes.append(f"groups from {groups_csv}: {sum(1 for v in groups.values() if v)} image(s) given a group")
-    else:
+        layout = images_masks_layout(source, ("ISIC2018", "ISIC"))
+        if layout is None:
+            raise MSBError(f"{source}: none of the ISIC 2018 Task 1 folders found (e.g. {PHASES['train'][0]}/ with "
+                           f"{PHASES['train'][1]}/) and no images/ + masks/; --source must be the folder holding "
+                           f"the unzipped phases.")
+        found.append("")
+        samples = layout_samples(layout, SOURCE_LABEL, limit, notes)
+    if not groups_csv:
         notes.append("no lesion/patient ids in the challenge release: group is empty (several images may show one "
-                     "lesion; pass groups_csv or run `msb audit`)")
+                     "lesion; pass --groups or run `msb audit`)")
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, _ = write_samples(samples, tmp, threshold_mask_fn(threshold))
         copied = copy_text_files(licences, tmp)
         write_prepared_dataset(tmp, index, [ClassSpec(0, "background", (0,)), ClassSpec(1, "lesion", (255,))])
         load_prepared_dataset(tmp, check_files=True)
-    notes.insert(0, "phases: " + ", ".join(f"{s}={int((index['split'] == s).sum())}" for s in found))
+    if found != [""]:
+        notes.insert(0, "phases: " + ", ".join(f"{s}={int((index['split'] == s).sum())}" for s in found))
     notes.append(f"masks binarised: value > {threshold:g} -> 255, else 0")
     if copied:
         notes.append(f"licence files copied: {', '.join(copied)}")

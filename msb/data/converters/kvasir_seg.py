@@ -1,8 +1,12 @@
 """Kvasir-SEG converter (1000 colonoscopy frames with polyp masks).
 
-Source layout (the official release): ``<source>/images/<id>.jpg`` and ``<source>/masks/<id>.jpg`` with the
-same file names (``.jpeg`` and ``.png`` are accepted too; any other file, e.g. ``kavsir_bboxes.json``, is
-ignored).
+Source layouts (detected in this order, :mod:`msb.data.converters.layouts`):
+
+* official = images-masks: ``<source>/images/<id>.jpg`` and ``<source>/masks/<id>.jpg`` with the same file names
+  (``.jpeg`` and ``.png`` are accepted too; any other file, e.g. ``kavsir_bboxes.json``, is ignored; an unzipped
+  ``Kvasir-SEG/`` wrapper is entered);
+* PraNet: ``TrainDataset/{image,mask}/`` (its non-numeric names = the 900 Kvasir-SEG training frames) and
+  ``TestDataset/Kvasir/{images,masks}/`` (100); ``split`` = train / test as shipped.
 
 What the converter does:
 
@@ -24,9 +28,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from msb.data.converters.staging import ConversionReport, staged_output
-from msb.data.converters.folder import Pair, convert_pairs, find_pairs
-from msb.data.schema import load_prepared_dataset, write_prepared_dataset
+from msb.data.converters.staging import ConversionReport
+from msb.data.converters._common import apply_groups, check_limit, check_threshold
+from msb.data.converters.binary import layout_samples, with_groups, write_binary
+from msb.data.converters.layouts import detect_layout
 from msb.errors import MSBError
 
 SOURCE_LABEL = "kvasir-seg"
@@ -43,54 +48,53 @@ NEAR_DUPLICATE_PAIRS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _not_numeric(stem: str) -> bool:
+    return not stem.isdigit()
+
+
 def convert_kvasir_seg(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                        threshold: int = DEFAULT_THRESHOLD, near_duplicate_groups: bool = True,
-                       overwrite: bool = False) -> ConversionReport:
-    """Convert a Kvasir-SEG download into a prepared dataset at ``out``.
+                       groups_csv: str | None = None, group_id_column: str | None = None,
+                       group_column: str = "group", overwrite: bool = False) -> ConversionReport:
+    """Convert a Kvasir-SEG download (official images-masks or PraNet layout) into a prepared dataset at ``out``.
 
     Args:
-        source: folder holding ``images/`` and ``masks/``.
+        source: folder holding ``images/`` and ``masks/`` (or a PraNet ``TrainDataset/``/``TestDataset/`` folder).
         out: destination folder; built in a hidden temporary sibling and renamed at the end.
-        limit: keep only the first ``limit`` pairs by sorted name (quick tests / CI); ``None`` = all.
+        limit: keep only the first ``limit`` pairs by sorted name (per part of the layout; quick tests / CI).
         threshold: binarisation threshold on the 8-bit mask value (``value > threshold`` -> 255). 127 is safe for
             the official release (no value lies in 20-235).
         near_duplicate_groups: put the six known near-duplicate pairs into shared ``group`` values.
+        groups_csv: optional CSV of groups (applied after the near-duplicate groups; its rows win).
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
         :class:`msb.data.converters.ConversionReport` with the changed-pixel count.
 
     Raises:
-        MSBError: missing ``images/``/``masks/``, unpaired files, unreadable files, image/mask size mismatch,
-            bad ``limit``, existing non-empty ``out`` without ``overwrite``. Nothing is left at ``out`` (nor any
-            temporary folder) after an error.
+        MSBError: no layout found, unpaired files, unreadable files, image/mask size mismatch, bad ``limit``,
+            existing non-empty ``out`` without ``overwrite``. Nothing is left at ``out`` (nor any temporary
+            folder) after an error.
     """
     source = Path(source).expanduser()
-    for sub in ("images", "masks"):
-        if not (source / sub).is_dir():
-            raise MSBError(f"{source / sub} not found; --source must be the Kvasir-SEG folder that holds images/ "
-                           f"and masks/ (e.g. the unzipped 'Kvasir-SEG' folder).")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise MSBError(f"limit must be a positive integer or None, got {limit!r}.")
-    if not 0 <= threshold < 255:
-        raise MSBError(f"threshold must be in [0, 254] for 8-bit masks, got {threshold!r} (127 is safe).")
-    pairs, notes = find_pairs(source / "images", source / "masks", mask_suffix="", allow_unpaired=False)
-    n_all = len(pairs)
-    if limit is not None and limit < n_all:
-        pairs = pairs[:limit]
-        notes.append(f"limit={limit}: kept the first {limit} of {n_all} pairs by name")
+    if not source.is_dir():
+        raise MSBError(f"source folder {source} not found; --source must be the Kvasir-SEG folder that holds images/ "
+                       f"and masks/ (e.g. the unzipped 'Kvasir-SEG' folder).")
+    check_limit(limit)
+    check_threshold(threshold)
+    layout = detect_layout(source, None, wrappers=("Kvasir-SEG",), pranet_test="Kvasir", pranet_train=_not_numeric)
+    notes: list[str] = []
+    samples = layout_samples(layout, SOURCE_LABEL, limit, notes)
     if near_duplicate_groups:
         group_of = {sid: f"neardup_{k + 1}" for k, pair in enumerate(NEAR_DUPLICATE_PAIRS) for sid in pair}
-        pairs = [Pair(p.sample_id, p.image, p.mask, group_of.get(p.sample_id, "")) for p in pairs]
-        n_grouped = sum(1 for p in pairs if p.group)
+        samples = with_groups(samples, group_of)
+        n_grouped = sum(1 for s in samples if s.group)
         notes.append(f"{n_grouped} sample(s) in known near-duplicate pairs got a shared group (neardup_1..6); "
                      f"Kvasir-SEG has no patient/video ids, all other groups are empty")
-    with staged_output(out, overwrite=overwrite, source=source) as tmp:
-        index, classes, n_changed, n_pixels, more = convert_pairs(
-            pairs, tmp, threshold=threshold, source_label=SOURCE_LABEL, foreground_name="polyp")
-        write_prepared_dataset(tmp, index, classes)
-        load_prepared_dataset(tmp, check_files=True)
-    notes = more + notes + ["images overlap HyperKvasir's segmented-images: do not use them for cross-dataset "
-                            "evaluation against each other"]
-    return ConversionReport(n_samples=len(index), n_changed_mask_pixels=n_changed, notes=notes,
-                            out=Path(out).expanduser().absolute(), name="kvasir-seg", n_mask_pixels=n_pixels)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    notes.append("images overlap HyperKvasir's segmented-images: do not use them for cross-dataset evaluation "
+                 "against each other")
+    return write_binary(samples, source, out, name="kvasir-seg", threshold=threshold, foreground="polyp",
+                        overwrite=overwrite, notes=notes)

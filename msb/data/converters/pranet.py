@@ -44,7 +44,7 @@ from pathlib import Path
 
 from msb.data.converters.staging import ConversionReport, staged_output
 from msb.data.converters._common import (Sample, carve_validation, check_limit, check_threshold, find_child,
-                                         natural_key, read_groups_csv, threshold_mask_fn, write_samples)
+                                         natural_key, apply_groups, threshold_mask_fn, write_samples)
 from msb.data.converters.folder import find_pairs
 from msb.data.converters.kvasir_seg import NEAR_DUPLICATE_PAIRS
 from msb.data.schema import ClassSpec, load_prepared_dataset, write_prepared_dataset
@@ -81,7 +81,8 @@ def train_source_of(stem: str) -> str:
 
 def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                    threshold: float = DEFAULT_THRESHOLD, val_fraction: float = 0.1, seed: int = 0,
-                   groups_csv: str | None = None, overwrite: bool = False) -> ConversionReport:
+                   groups_csv: str | None = None, group_id_column: str | None = None, group_column: str = "group",
+                   overwrite: bool = False) -> ConversionReport:
     """Convert a PraNet-layout polyp collection into one prepared dataset at ``out``.
 
     Args:
@@ -91,7 +92,10 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
         threshold: mask binarisation, ``value > threshold`` -> 255 (default 128, PraNet toolbox's ``gt > 128``).
         val_fraction: share of ``TrainDataset`` moved to ``val`` (seeded, group-aware); 0 keeps train/test only.
         seed: seed of the validation draw.
-        groups_csv: optional CSV (``sample_id`` or ``image``, ``group``) with video/patient ids.
+        groups_csv: optional CSV with video/patient ids (keys: ``sample_id``, or a file name/stem that only one
+            sample has).
+        group_id_column: its key column (default ``sample_id``, else ``image``).
+        group_column: its group column (default ``group``).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
@@ -144,12 +148,7 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
             n = add(sub, "test", sub.name)
             if limit is None and n != TEST_SETS[sub.name]:
                 notes.append(f"{sub.name}: {n} pairs (the PraNet release has {TEST_SETS[sub.name]})")
-    if groups_csv:
-        known = {s.sample_id: s.sample_id for s in samples}
-        groups = read_groups_csv(groups_csv, known)
-        samples = [Sample(s.sample_id, s.image, s.masks, s.image_rel, s.split, groups.get(s.sample_id, s.group),
-                          s.source) for s in samples]
-        notes.append(f"groups from {groups_csv}: {sum(1 for v in groups.values() if v)} row(s) given a group")
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, counters = write_samples(samples, tmp, threshold_mask_fn(threshold))
         index, n_val = carve_validation(index, val_fraction, seed)

@@ -32,6 +32,9 @@ class ConversionReport:
         out: the prepared dataset folder (absolute).
         name: converter name.
         n_mask_pixels: total number of mask pixels processed (denominator for ``n_changed_mask_pixels``).
+        headline: the summary's line about ``n_changed_mask_pixels`` as a :meth:`str.format` template with
+            ``n``, ``total`` and ``pct`` (default: mask binarisation; BUSI says it merged extra lesion mask
+            files, BKAI-IGH that its colour rule classified off-colour pixels).
     """
 
     n_samples: int
@@ -40,6 +43,7 @@ class ConversionReport:
     out: Path | None = None
     name: str = ""
     n_mask_pixels: int = 0
+    headline: str = "Mask binarisation changed {n:,} of {total:,} mask pixels ({pct:.3f} %)."
 
     def summary(self) -> str:
         """One paragraph for the CLI: samples, destination, changed pixels (count and %), then the notes."""
@@ -47,8 +51,7 @@ class ConversionReport:
                  + (f" in {self.out}" if self.out is not None else "") + "."]
         if self.n_mask_pixels:
             pct = 100.0 * self.n_changed_mask_pixels / self.n_mask_pixels
-            lines.append(f"Mask binarisation changed {self.n_changed_mask_pixels:,} of {self.n_mask_pixels:,} mask "
-                         f"pixels ({pct:.3f} %).")
+            lines.append(self.headline.format(n=self.n_changed_mask_pixels, total=self.n_mask_pixels, pct=pct))
         else:
             lines.append(f"Mask pixels changed: {self.n_changed_mask_pixels:,}.")
         lines += [f"- {n}" for n in self.notes]
