@@ -232,7 +232,7 @@ def group_keys(samples: Sequence[Sample]) -> dict[str, str | None]:
 
 
 def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_column: str | None = None,
-                    group_column: str = "group") -> dict[str, str]:
+                    group_column: str = "group", skip_unknown: bool = False) -> dict[str, str]:
     """Read a user-supplied group table (patient / video / lesion ids that a release does not ship).
 
     Format: CSV with a header. ``id_column`` holds the sample key (default: ``sample_id``, else ``image``):
@@ -245,6 +245,7 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
         known: accepted key -> ``sample_id`` (``None`` = ambiguous key), e.g. from :func:`group_keys`.
         id_column: name of the key column (``None``: ``sample_id`` or ``image``).
         group_column: name of the group column.
+        skip_unknown: ignore keys not in ``known`` (used when ``limit`` kept only part of the source).
 
     Returns:
         ``sample_id -> group`` for the listed rows.
@@ -270,6 +271,8 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
         if key not in known and key.isdigit():
             key = str(int(key))
         sid = known.get(key)
+        if key not in known and skip_unknown:
+            continue
         if key not in known:
             problems.append(f"line {pos + 2}: {key_col} {k!r} is not in the source")
         elif sid is None:
@@ -284,12 +287,13 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
 
 
 def apply_groups(samples: Sequence[Sample], groups_csv: str | os.PathLike | None, id_column: str | None,
-                 group_column: str, notes: list[str]) -> list[Sample]:
+                 group_column: str, notes: list[str], limited: bool = False) -> list[Sample]:
     """``samples`` with ``group`` set from the groups CSV (rows it does not list keep their group); a note
-    says how many samples got a group. No CSV: ``samples`` unchanged."""
+    says how many samples got a group. No CSV: ``samples`` unchanged. ``limited`` (a ``limit`` kept part of
+    the source): CSV rows naming samples that are not converted are skipped instead of refused."""
     if not groups_csv:
         return list(samples)
-    groups = read_groups_csv(groups_csv, group_keys(samples), id_column, group_column)
+    groups = read_groups_csv(groups_csv, group_keys(samples), id_column, group_column, skip_unknown=limited)
     notes.append(f"groups from {groups_csv} (column {group_column!r}): {sum(1 for v in groups.values() if v)} "
                  f"sample(s) given a group, {len(set(v for v in groups.values() if v))} distinct group(s)")
     return [replace(s, group=groups.get(s.sample_id, s.group)) for s in samples]

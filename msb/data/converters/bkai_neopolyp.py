@@ -136,7 +136,8 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
         notes.append(f"skipped {len(list_images(descend_same_name(test_dir)))} test image(s) in {test_dir.name}/: "
                      f"their masks are not public")
     samples = [Sample(p.sample_id, p.image, (p.mask,), f"images/{p.image.name}", "", "", SOURCE_LABEL) for p in pairs]
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
 
     def mask_fn(sample: Sample) -> MaskResult:
         labels, not_pure, ambiguous = classify_colour_mask(open_rgb(sample.masks[0]), threshold)

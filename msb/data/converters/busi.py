@@ -185,7 +185,8 @@ def convert_busi(source: str | os.PathLike, out: str | os.PathLike, *, limit: in
                          "`--apply-clusters`)")
     samples = [Sample(s, images[s], tuple(masks[s]), f"images/{images[s].name}", "", groups.get(s, ""),
                       SOURCE_LABEL, (("diagnosis", diagnosis_of(s)),)) for s in stems]
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None or exclude_label_conflicts)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, counters = write_samples(samples, tmp, _union_mask)
         write_prepared_dataset(tmp, index, [ClassSpec(0, "background", (0,)), ClassSpec(1, "lesion", (255,))])

@@ -92,7 +92,8 @@ def convert_cvc_clinicdb(source: str | os.PathLike, out: str | os.PathLike, *, l
                            pranet_train=str.isdigit, expected="Original/ + 'Ground Truth/'")
     notes: list[str] = []
     samples = layout_samples(layout, SOURCE_LABEL, limit, notes)
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
     if not groups_csv:
         notes.append("no video-sequence ids in this release: group is empty; consecutive frames are "
                      "near-duplicates (pass --groups, or run `msb audit`, then `--apply-clusters`)")

@@ -338,7 +338,8 @@ def convert_folder(source: str | os.PathLike, out: str | os.PathLike, *, images_
     if groups_csv:
         from msb.data.converters._common import group_keys, read_groups_csv
 
-        groups = read_groups_csv(groups_csv, group_keys(pairs), group_id_column, group_column)  # type: ignore[arg-type]
+        groups = read_groups_csv(groups_csv, group_keys(pairs), group_id_column, group_column,  # type: ignore[arg-type]
+                                 skip_unknown=limit is not None)
         pairs = [Pair(p.sample_id, p.image, p.mask, groups.get(p.sample_id, p.group)) for p in pairs]
         notes.append(f"groups from {groups_csv} (column {group_column!r}): {sum(1 for v in groups.values() if v)} "
                      f"sample(s) given a group")

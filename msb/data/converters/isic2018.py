@@ -121,7 +121,8 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
     if not groups_csv:
         notes.append("no lesion/patient ids in the challenge release: group is empty (several images may show one "
                      "lesion; pass --groups or run `msb audit`)")
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, _ = write_samples(samples, tmp, threshold_mask_fn(threshold))
         copied = copy_text_files(licences, tmp)

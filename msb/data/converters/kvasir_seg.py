@@ -61,7 +61,7 @@ def convert_kvasir_seg(source: str | os.PathLike, out: str | os.PathLike, *, lim
     Args:
         source: folder holding ``images/`` and ``masks/`` (or a PraNet ``TrainDataset/``/``TestDataset/`` folder).
         out: destination folder; built in a hidden temporary sibling and renamed at the end.
-        limit: keep only the first ``limit`` pairs by sorted name (per part of the layout; quick tests / CI).
+        limit: keep only the first ``limit`` pairs in natural name order (per part of the layout; quick tests / CI).
         threshold: binarisation threshold on the 8-bit mask value (``value > threshold`` -> 255). 127 is safe for
             the official release (no value lies in 20-235).
         near_duplicate_groups: put the six known near-duplicate pairs into shared ``group`` values.
@@ -93,7 +93,8 @@ def convert_kvasir_seg(source: str | os.PathLike, out: str | os.PathLike, *, lim
         n_grouped = sum(1 for s in samples if s.group)
         notes.append(f"{n_grouped} sample(s) in known near-duplicate pairs got a shared group (neardup_1..6); "
                      f"Kvasir-SEG has no patient/video ids, all other groups are empty")
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
     notes.append("images overlap HyperKvasir's segmented-images: do not use them for cross-dataset evaluation "
                  "against each other")
     return write_binary(samples, source, out, name="kvasir-seg", threshold=threshold, foreground="polyp",

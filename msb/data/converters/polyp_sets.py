@@ -107,7 +107,8 @@ def _convert(source: str | os.PathLike, out: str | os.PathLike, *, name: str, la
     samples = layout_samples(layout, label, limit, notes)
     if groups_of is not None:
         samples = groups_of(layout, samples)
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
     count = official_count if layout.name != "pranet" else None
     return write_binary(samples, src, out, name=name, threshold=threshold, foreground="polyp", overwrite=overwrite,
                         notes=notes, official_count=count if limit is None else None)

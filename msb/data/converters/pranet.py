@@ -148,7 +148,8 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
             n = add(sub, "test", sub.name)
             if limit is None and n != TEST_SETS[sub.name]:
                 notes.append(f"{sub.name}: {n} pairs (the PraNet release has {TEST_SETS[sub.name]})")
-    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes)
+    samples = apply_groups(samples, groups_csv, group_id_column, group_column, notes,
+                           limited=limit is not None)
     with staged_output(out, overwrite=overwrite, source=source) as tmp:
         index, n_changed, n_pixels, counters = write_samples(samples, tmp, threshold_mask_fn(threshold))
         index, n_val = carve_validation(index, val_fraction, seed)
