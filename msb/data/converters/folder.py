@@ -45,6 +45,7 @@ from PIL import Image, UnidentifiedImageError
 
 from msb.data.schema import (INDEX_COLUMNS, ClassSpec, image_size, load_prepared_dataset, read_mask,
                              write_prepared_dataset)
+from msb.data.converters.groups import group_keys, read_groups_csv
 from msb.data.converters.staging import ConversionReport, staged_output
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path, atomic_write_bytes
@@ -336,8 +337,6 @@ def convert_folder(source: str | os.PathLike, out: str | os.PathLike, *, images_
         notes.append(f"limit={limit}: kept the first {limit} of {len(pairs)} pairs by sample_id")
         pairs = pairs[:limit]
     if groups_csv:
-        from msb.data.converters._common import group_keys, read_groups_csv
-
         groups = read_groups_csv(groups_csv, group_keys(pairs), group_id_column, group_column,  # type: ignore[arg-type]
                                  skip_unknown=limit is not None)
         pairs = [Pair(p.sample_id, p.image, p.mask, groups.get(p.sample_id, p.group)) for p in pairs]
