@@ -231,21 +231,6 @@ def test_groups_csv_with_named_columns(tmp_path: Path) -> None:
                         group_id_column="frame", group_column="sequence")
 
 
-def test_groups_from_the_shared_colondb_index(tmp_path: Path, shared_dir: Path) -> None:
-    """The shared CVC-ColonDB copy's index.csv (frame, sequence) as the groups CSV agrees with the README
-    table built into the converter, except that the converter merges sequences 11 and 15."""
-    src = shared_dir / "data" / "cvc-colondb"
-    if not (src / "index.csv").is_file():
-        pytest.skip(f"{src} not present")
-    prepare_dataset("cvc-colondb", src, tmp_path / "a", limit=30, groups_csv=str(src / "index.csv"),
-                    group_id_column="frame", group_column="sequence")
-    prepare_dataset("cvc-colondb", src, tmp_path / "b", limit=30)
-    a = load_prepared_dataset(tmp_path / "a").index.set_index("sample_id")["group"]
-    b = load_prepared_dataset(tmp_path / "b").index.set_index("sample_id")["group"]
-    assert len(a) == 30 and (a.index == b.index).all()
-    assert (("seq" + a).replace({"seq11": "seq11+15", "seq15": "seq11+15"}) == b).all()
-
-
 # ------------------------------------------------------------------------------------------ noisy masks
 def _noisy_folder(root: Path) -> None:
     rng = np.random.default_rng(0)

@@ -38,7 +38,8 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
     """Read a user-supplied group table (patient / video / lesion ids that a release does not ship).
 
     Format: CSV with a header. ``id_column`` holds the sample key (default: ``sample_id``, else ``image``):
-    a ``sample_id``, a source image file name or stem, or a frame number (``7`` matches ``007.png``);
+    a ``sample_id``, a source image file name, stem or relative path (``images/a.png``), or a frame number
+    (``007`` matches ``7.png``);
     ``group_column`` (default ``group``) the group. Example: a public CVC-ClinicDB copy ships ``frame,sequence``:
     ``id_column="frame", group_column="sequence"``. Keys must be known; empty groups are allowed (= no group).
 
@@ -70,6 +71,8 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
     problems = []
     for pos, (k, g) in enumerate(zip(df[key_col], df[group_column])):
         key = k.strip()
+        if key not in known:  # a relative path (images/a.png) or a zero-padded frame number (007)
+            key = Path(key).name if Path(key).name in known else Path(key).stem if Path(key).stem in known else key
         if key not in known and key.isdigit():
             key = str(int(key))
         sid = known.get(key)
@@ -85,4 +88,7 @@ def read_groups_csv(path: str | os.PathLike, known: dict[str, str | None], id_co
             out[sid] = g.strip()
     if problems:
         raise MSBError(f"groups CSV {path}: {_listed(problems)}. Fix the file.")
+    if skip_unknown and len(df) and not out:
+        raise MSBError(f"groups CSV {path}: none of its {len(df)} {key_col!r} values names a converted sample (e.g. "
+                       f"{df[key_col].iloc[0]!r}); use sample ids, image file names or stems.")
     return out
