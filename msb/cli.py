@@ -164,9 +164,14 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
 
 @app.command()
-def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>.")) -> None:
+def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>, ensemble folder "
+                                                   "runs/<study>/<run_id>-ensemble, or an evaluation folder inside "
+                                                   "one (evaluation/external/<name>[/<role>]).")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
+    The target is a run folder, a fold-ensemble folder, or one evaluation folder inside either (an external set
+    or one role of it); every evaluation folder with predictions at or below it is computed, with the metric
+    settings of the run's config.yaml (an ensemble's: its first member's; msb/evaluation/metrics_target.py).
     Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
     file against the folder's ``digests.json``, and the predictions against the counts' images (a missing or
     extra prediction file is refused with the ids and the command that regenerates the evaluation). The new
@@ -174,23 +179,20 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     import pandas as pd
 
     from msb.analysis.counts_io import read_counts_with_report
-    from msb.config.layering import load_yaml
-    from msb.config.schema import RunConfig
-    from msb.evaluation.image_metrics import summarize_metrics, write_run_metrics
+    from msb.evaluation.image_metrics import summarize_metrics, write_metrics_table
+    from msb.evaluation.metrics_target import resolve_metrics_target
+    from msb.study.units import study_lock
     from msb.utils.digests import drop_digest, set_digest
     from msb.utils.evaluation_folder import check_predictions, regenerate_command, unverified_note
     from msb.utils.fault_points import fault_point
     from msb.utils.hashing import sha256_file
     from msb.utils.interrupted import clean_interrupted_writes
 
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
-    cfg = RunConfig.model_validate(load_yaml(cfg_path))
-    clean_interrupted_writes(run_dir, log)
-    eval_dirs = sorted(p.parent for p in (run_dir / "evaluation").glob("*/predictions") if p.is_dir())
+    clean_interrupted_writes(resolve_metrics_target(run_dir).owner, log)
+    target = resolve_metrics_target(run_dir)  # listed again after leftovers of killed writes are gone
+    cfg, eval_dirs = target.config, list(target.eval_dirs)
     unverified = []
-    for d in eval_dirs:  # the same folders write_run_metrics reads
+    for d in eval_dirs:  # the folders written below
         if not (d / "counts.parquet").is_file():
             raise MSBError(f"{d / 'counts.parquet'}: missing, so the predictions cannot be checked against it; "
                            f"regenerate the evaluation: {regenerate_command(d)}")
@@ -199,11 +201,14 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             unverified.append(d)
     if unverified:
         log(unverified_note(unverified))
-    with _study_of_run_locked(run_dir):  # no `msb run` of the study writes into the run meanwhile
+    # no `msb run` of the study writes into the run (or ensemble) meanwhile
+    with study_lock(target.owner.resolve().parent, wait=False, log=log):
         for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
             drop_digest(d, "metrics.parquet")
-        written = write_run_metrics(run_dir, cfg.evaluation.metrics)
-        for path in written:
+        written = []
+        for d in eval_dirs:
+            path = write_metrics_table(d, cfg.evaluation.metrics)
+            written.append(path)
             fault_point("metrics.written")
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
     for path in written:
