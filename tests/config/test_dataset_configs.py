@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 
 from msb.config.generate import generate_runs
 from msb.data.converters import CONVERTERS, _options_of
@@ -25,7 +26,7 @@ EXPECTED = {
     "cvc_colondb": ("cvc-colondb", ["polyp"]), "etis_larib": ("etis-larib", ["polyp"]),
     "cvc_300": ("cvc-300", ["polyp"]), "bkai_igh": ("bkai-igh-neopolyp", ["neoplastic", "non_neoplastic"]),
     "bkai_igh_polyp": ("bkai-igh-neopolyp", ["polyp"]), "isic2018": ("isic2018-task1", ["lesion"]),
-    "busi": ("busi", ["lesion"]),
+    "busi": ("busi", ["lesion"]), "isic2017_shared": ("isic2018-task1", ["lesion"]),
 }
 
 
@@ -49,7 +50,8 @@ def test_every_dataset_config_layers_and_names_a_valid_converter(runs):
         assert runs[name].config.data.prepare.converter == converter
 
 
-@pytest.mark.parametrize("name", ["kvasir_seg", "cvc_colondb", "bkai_igh", "bkai_igh_polyp", "busi"])
+@pytest.mark.parametrize("name", ["kvasir_seg", "cvc_colondb", "bkai_igh", "bkai_igh_polyp", "busi",
+                                  "isic2017_shared"])
 def test_shared_datasets_prepare_from_their_config(runs, tmp_path, shared_dir, name):
     prep = runs[name].config.data.prepare
     source = (REPO / prep.source).resolve()
@@ -64,6 +66,11 @@ def test_shared_datasets_prepare_from_their_config(runs, tmp_path, shared_dir, n
     sp = runs[name].config.data.split
     split = resolve_splits(ds.index, sp.mode, sp.val_fraction, sp.test_fraction, sp.seed, sp.group_column)
     assert set(split) == {"train", "val", "test"}
+    if name == "isic2017_shared":  # ISIC_<id>.jpg paired with ISIC_<id>_segmentation.png
+        assert ds.index["source"].eq("isic2017-part1").all() and all(s.startswith("ISIC_") for s in ds.sample_ids)
+        sid = ds.sample_ids[0]
+        ref = np.asarray(Image.open(source / "masks" / f"{sid}_segmentation.png").convert("L"))
+        assert np.array_equal(read_mask(ds.mask_path(sid)), np.where(ref > 127, 255, 0))
     if name == "cvc_colondb":  # groups from the README's frame table = the shared index's sequence, 11+15 merged
         shared = pd.read_csv(source / "index.csv", dtype=str).set_index("frame")["sequence"]
         want = ("seq" + shared.loc[ds.sample_ids]).replace({"seq11": "seq11+15", "seq15": "seq11+15"})
@@ -73,8 +80,6 @@ def test_shared_datasets_prepare_from_their_config(runs, tmp_path, shared_dir, n
         want = [shared[f"images/{Path(p).name}"] for p in ds.index["image_path"]]
         assert ds.index["group"].tolist() == want
         sid = ds.sample_ids[0]
-        from PIL import Image
-
         rgb = np.asarray(Image.open(source / "masks" / Path(ds.index["image_path"].iloc[0]).name).convert("RGB"))
         polyp = (rgb[..., 0] > 127) | (rgb[..., 1] > 127)  # PROVENANCE.md: max(R, G) > 127
         assert np.array_equal(read_mask(ds.mask_path(sid)) > 0, polyp)

@@ -57,7 +57,7 @@ PHASES: dict[str, tuple[str, str, int]] = {
 def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                            threshold: float = DEFAULT_THRESHOLD, groups_csv: str | None = None,
                            group_id_column: str | None = None, group_column: str = "group",
-                           overwrite: bool = False) -> ConversionReport:
+                           source_label: str = SOURCE_LABEL, overwrite: bool = False) -> ConversionReport:
     """Convert ISIC 2018 Task 1 folders into a prepared dataset at ``out``.
 
     Args:
@@ -68,6 +68,7 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
         groups_csv: optional CSV with lesion/patient ids (e.g. HAM10000's ``image_id,lesion_id``).
         group_id_column: its key column (default ``sample_id``, else ``image``).
         group_column: its group column (default ``group``).
+        source_label: the ``source`` column value (e.g. ``isic2017-part1`` for an ISIC 2017 copy in this layout).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
@@ -104,7 +105,7 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
             pairs = pairs[:limit]
         elif limit is None and len(pairs) != official:
             notes.append(f"{split}: {len(pairs)} pairs (the official release has {official})")
-        samples += [Sample(p.sample_id, p.image, (p.mask,), f"images/{split}/{p.image.name}", split, "", SOURCE_LABEL)
+        samples += [Sample(p.sample_id, p.image, (p.mask,), f"images/{split}/{p.image.name}", split, "", source_label)
                     for p in pairs]
         for d in (img_dir, gt_dir):
             for name in ("LICENSE.txt", "ATTRIBUTION.txt"):
@@ -117,7 +118,7 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
                            f"{PHASES['train'][1]}/) and no images/ + masks/; --source must be the folder holding "
                            f"the unzipped phases.")
         found.append("")
-        samples = layout_samples(layout, SOURCE_LABEL, limit, notes)
+        samples = layout_samples(layout, source_label, limit, notes)
     if not groups_csv:
         notes.append("no lesion/patient ids in the challenge release: group is empty (several images may show one "
                      "lesion; pass --groups or run `msb audit`)")
