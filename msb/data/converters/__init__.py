@@ -12,7 +12,8 @@ Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder
 (:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
 ``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
-(:mod:`.polyp_sets`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source: :mod:`.fetch`. Names are case-insensitive and ``_``
+(:mod:`.polyp_sets`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
+:mod:`.fetch`. Names are case-insensitive and ``_``
 is accepted for ``-``.
 """
 

@@ -106,8 +106,8 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
         :class:`msb.data.converters.ConversionReport` (changed pixels = pixels not exactly black/red/green).
 
     Raises:
-        MSBError: neither ``train/`` + ``train_gt/`` nor ``images/`` + ``masks/`` found, unpaired files, unreadable files, size mismatch, bad
-            options. Nothing is left at ``out`` after an error.
+        MSBError: neither ``train/`` + ``train_gt/`` nor ``images/`` + ``masks/`` found, unpaired files,
+            unreadable files, size mismatch, bad options. Nothing is left at ``out`` after an error.
     """
     source = Path(source).expanduser()
     if not source.is_dir():
@@ -159,8 +159,8 @@ def convert_bkai_neopolyp(source: str | os.PathLike, out: str | os.PathLike, *, 
         notes.append("no patient/video ids: group is empty; run `msb audit` before splitting")
     return ConversionReport(n_samples=len(index), n_changed_mask_pixels=n_changed, notes=notes,
                             out=Path(out).expanduser().absolute(), name="bkai-igh-neopolyp", n_mask_pixels=n_pixels,
-                            headline="The colour rule classified {n:,} of {total:,} mask pixels that are not exactly black, "
-                                     "red or green ({pct:.3f} %).")
+                            headline="The colour rule classified {n:,} of {total:,} mask pixels that are not exactly "
+                                     "black, red or green ({pct:.3f} %).")
 
 
 __all__ = ["convert_bkai_neopolyp", "classify_colour_mask", "CLASSES"]

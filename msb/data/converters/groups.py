@@ -19,8 +19,8 @@ def _listed(items: Sequence[str], n: int = 10) -> str:
 
 def group_keys(samples: Sequence[Any]) -> dict[str, str | None]:
     """Keys a groups CSV may use for each sample (anything with ``sample_id`` and ``image`` (a path), e.g.
-    :class:`msb.data.converters._common.Sample` or :class:`msb.data.converters.folder.Pair`): its ``sample_id``, source image file name and stem (and the
-    integer value of a numeric stem, so ``007`` and ``7`` match). A key shared by two samples maps to ``None``
+    :class:`msb.data.converters._common.Sample` or :class:`msb.data.converters.folder.Pair`): its ``sample_id``,
+    source image file name and stem (and the integer value of a numeric stem, so ``007`` and ``7`` match). A key shared by two samples maps to ``None``
     (ambiguous: the CSV must use the ``sample_id``)."""
     out: dict[str, str | None] = {}
     for s in samples:

@@ -75,8 +75,8 @@ def convert_isic2018_task1(source: str | os.PathLike, out: str | os.PathLike, *,
         :class:`msb.data.converters.ConversionReport`.
 
     Raises:
-        MSBError: no complete phase and no images/ + masks/ found, a phase with only one of its two folders, unpaired files, unreadable
-            files, size mismatch, bad options. Nothing is left at ``out`` after an error.
+        MSBError: no complete phase and no images/ + masks/ found, a phase with only one of its two folders,
+            unpaired files, unreadable files, size mismatch, bad options. Nothing is left at ``out`` after an error.
     """
     source = Path(source).expanduser()
     if not source.is_dir():

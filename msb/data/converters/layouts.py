@@ -191,7 +191,8 @@ def _pair_numbered(part: Part, mask_prefix: str = "p") -> tuple[list[Pair], list
         raise MSBError("unpaired files: " + "; ".join(parts) + ". Restore or remove them.")
     if not images:
         raise MSBError(f"{part.images}: no numbered frames '<n>.<ext>' with masks '{mask_prefix}<n>.<ext>' found.")
-    notes = [f"{part.label or part.images.name}: ignored {ignored} other image file(s) (e.g. contours)"] if ignored else []
+    label = part.label or part.images.name
+    notes = [f"{label}: ignored {ignored} other image file(s) (e.g. contours)"] if ignored else []
     return [Pair(k, images[k], masks[k]) for k in sorted(images, key=int)], notes
 
 
