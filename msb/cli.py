@@ -164,7 +164,11 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
 
 @app.command()
-def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>.")) -> None:
+def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>."),
+            legacy: bool = typer.Option(False, "--legacy", help="Also the LEGACY PraNet-template metrics (from the "
+                                        "stored probability maps) and their six-metric table."),
+            table_out: Optional[Path] = typer.Option(None, help="With --legacy: folder of the six-metric table "
+                                                     "(default RUN_DIR/legacy_table).")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
     Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
@@ -187,6 +191,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     if not cfg_path.is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
     cfg = RunConfig.model_validate(load_yaml(cfg_path))
+    metrics_cfg = cfg.evaluation.metrics.model_copy(update={"legacy": True}) if legacy else cfg.evaluation.metrics
     clean_interrupted_writes(run_dir, log)
     eval_dirs = sorted(p.parent for p in (run_dir / "evaluation").glob("*/predictions") if p.is_dir())
     unverified = []
@@ -202,7 +207,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     with _study_of_run_locked(run_dir):  # no `msb run` of the study writes into the run meanwhile
         for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
             drop_digest(d, "metrics.parquet")
-        written = write_run_metrics(run_dir, cfg.evaluation.metrics)
+        written = write_run_metrics(run_dir, metrics_cfg)
         for path in written:
             fault_point("metrics.written")
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
@@ -215,6 +220,11 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         for _, row in summary.iterrows():
             table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
         console.print(table)
+    if legacy:
+        from msb.cli_score import print_six_metric_table
+
+        paths = print_six_metric_table(written, table_out or run_dir / "legacy_table")
+        log(f"LEGACY six-metric table written to {', '.join(str(p) for p in paths)}")
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -345,6 +355,7 @@ def list_models() -> None:
 
 
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
+import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:
