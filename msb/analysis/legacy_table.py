@@ -157,8 +157,9 @@ def write_six_metric_table(table: pd.DataFrame, out_dir: Path, stem: str = "lega
 
 
 def legacy_report_table(metrics_frames: Sequence[pd.DataFrame] | pd.DataFrame | None) -> pd.DataFrame | None:
-    """The report's legacy section data: the six-metric table of the metrics tables that hold legacy columns,
-    or None when none does (legacy metrics are off by default)."""
+    """The report's legacy section data: the six-metric table of the metrics rows that hold legacy columns,
+    flattened for display (column ``model``, then ``<dataset> <metric>``), or None when no row does (legacy
+    metrics are off by default)."""
     if metrics_frames is None:
         return None
     frames = [metrics_frames] if isinstance(metrics_frames, pd.DataFrame) else list(metrics_frames)
@@ -167,4 +168,7 @@ def legacy_report_table(metrics_frames: Sequence[pd.DataFrame] | pd.DataFrame | 
     frames = [f for f in frames if len(f)]
     if not frames:
         return None
-    return six_metric_table(legacy_scores(pd.concat(frames, ignore_index=True)))
+    table = six_metric_table(legacy_scores(pd.concat(frames, ignore_index=True)))
+    flat = table.copy()
+    flat.columns = [f"{d} {m}" for d, m in table.columns]
+    return flat.reset_index()
