@@ -139,8 +139,10 @@ def _load_prediction(path: Path, need_prob: bool) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in _REQUIRED_KEYS + (("prob",) if need_prob else ()) if k not in z.files]
             if missing:
+                hint = (" with evaluation.save_probabilities: true (legacy metrics need the probability map)"
+                        if "prob" in missing else "")
                 raise MSBError(f"{path}: prediction file lacks key(s) {missing} (has {sorted(z.files)}); "
-                               "re-run the evaluation to rewrite it")
+                               f"re-run the evaluation to rewrite it{hint}")
             data = {k: z[k] for k in z.files}
     except MSBError:
         raise
