@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-import pandas as pd
 import typer
 
 from msb.cli_common import app, console, log, track
@@ -19,6 +18,8 @@ __all__ = ["score", "print_six_metric_table"]
 def print_six_metric_table(metrics_paths: List[Path], out_dir: Path) -> list[Path]:
     """Build the LEGACY six-metric table from ``metrics.parquet`` files, print it (Markdown) and write it
     (CSV, LaTeX, Markdown) into ``out_dir``; returns the written paths."""
+    import pandas as pd
+
     from msb.analysis.legacy_table import legacy_scores, six_metric_table, write_six_metric_table
 
     frames = [pd.read_parquet(p) for p in metrics_paths]
