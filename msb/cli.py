@@ -166,7 +166,11 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 @app.command()
 def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>, ensemble folder "
                                                    "runs/<study>/<run_id>-ensemble, or an evaluation folder inside "
-                                                   "one (evaluation/external/<name>[/<role>]).")) -> None:
+                                                   "one (evaluation/external/<name>[/<role>])."),
+            legacy: bool = typer.Option(False, "--legacy", help="Also the LEGACY PraNet-template metrics (from the "
+                                        "stored probability maps) and their six-metric table."),
+            table_out: Optional[Path] = typer.Option(None, help="With --legacy: folder of the six-metric table "
+                                                     "(default RUN_DIR/legacy_table).")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
     The target is a run folder, a fold-ensemble folder, or one evaluation folder inside either (an external set
@@ -191,6 +195,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     clean_interrupted_writes(resolve_metrics_target(run_dir).owner, log)
     target = resolve_metrics_target(run_dir)  # listed again after leftovers of killed writes are gone
     cfg, eval_dirs = target.config, list(target.eval_dirs)
+    metrics_cfg = cfg.evaluation.metrics.model_copy(update={"legacy": True}) if legacy else cfg.evaluation.metrics
     unverified = []
     for d in eval_dirs:  # the folders written below
         if not (d / "counts.parquet").is_file():
@@ -207,7 +212,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             drop_digest(d, "metrics.parquet")
         written = []
         for d in eval_dirs:
-            path = write_metrics_table(d, cfg.evaluation.metrics)
+            path = write_metrics_table(d, metrics_cfg)
             written.append(path)
             fault_point("metrics.written")
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
@@ -220,6 +225,11 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         for _, row in summary.iterrows():
             table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
         console.print(table)
+    if legacy:
+        from msb.cli_score import print_six_metric_table
+
+        paths = print_six_metric_table(written, table_out or run_dir / "legacy_table")
+        log(f"LEGACY six-metric table written to {', '.join(str(p) for p in paths)}")
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -350,6 +360,7 @@ def list_models() -> None:
 
 
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
+import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:

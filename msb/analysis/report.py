@@ -42,6 +42,7 @@ from msb.analysis.contract import (ChecklistItem, RunInfo, contract_table, find_
                                    read_run, reporting_checklist)
 from msb.analysis.counts_io import read_counts_with_report
 from msb.utils.evaluation_folder import check_listed_digest, check_predictions
+from msb.analysis.legacy_table import LEGACY_LABEL, legacy_report_table
 from msb.analysis.figures import dice_vs_hd95, paired_differences, ranking_changes, score_distributions
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
@@ -264,6 +265,10 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         doc.text(f"Image-macro means over images with a defined value (both-empty images excluded; one-sided "
                  f"empty images carry the image-diagonal penalty, docs/metrics.md); HD convention {conv}.", "note")
         doc.frame(bd, name=f"boundary{sfx}")
+    legacy_tab = legacy_report_table(metrics_df)  # only when metrics.parquet holds legacy columns
+    if legacy_tab is not None:
+        doc.sub("LEGACY six-metric table (PraNet template)")
+        doc.frame(legacy_tab, caption=LEGACY_LABEL, name="legacy-six-metric", digits=3)
 
     # ---------------- significance
     _section(doc, "significance")

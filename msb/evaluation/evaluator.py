@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -45,12 +44,13 @@ from msb.data.splits import read_split_file
 from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_checkpoint
 from msb.errors import MSBError
-from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
+from msb.evaluation.artifacts import finish_evaluation_folder, write_prediction_file
+from msb.evaluation.counts import compute_confusion_counts, counts_rows
 from msb.evaluation.postprocess import apply_normalisation
 from msb.models.registry import build_model
-from msb.utils.atomic import atomic_path, replace_dir, staging_dir
+from msb.utils.atomic import replace_dir, staging_dir
 from msb.utils.device import select_device
-from msb.utils.evaluation_folder import evaluate_command, seal_folder
+from msb.utils.evaluation_folder import evaluate_command
 from msb.utils.fault_points import fault_point
 from msb.utils.progress import Tracker, no_track
 
@@ -251,18 +251,11 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                 frames.append(counts_rows(context, counts, image_ids=[sid], class_ids=class_ids,
                                           class_names=[c.name for c in classes], heights=h, widths=w,
                                           sources=str(row.get("source", "") or "")))
-                arrays = {"pred": pred_np, "ref": ref, "spacing": np.asarray(ds.spacing(sid), dtype=np.float64),
-                          "class_ids": class_ids}
-                if cfg.evaluation.save_probabilities:
-                    arrays["prob"] = np.round(prob.cpu().numpy() * 255).astype(np.uint8)
-                with atomic_path(pred_dir / f"{sid}.npz") as tmp:
-                    np.savez_compressed(tmp, **arrays)
+                prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
+                           if cfg.evaluation.save_probabilities else None)
+                write_prediction_file(pred_dir, sid, pred_np, ref, ds.spacing(sid), class_ids, prob_u8)
                 fault_point("evaluate.prediction")
-    write_counts(pd.concat(frames, ignore_index=True), out_dir / "counts.parquet")
-    write_prediction_semantics(out_dir, cfg, model)
-    if cfg.evaluation.compute_metrics:
-        from msb.evaluation.image_metrics import write_metrics_table
-
-        write_metrics_table(out_dir, cfg.evaluation.metrics)
-    seal_folder(out_dir, evaluate_command(run_dir, role, external.name if external is not None else None))
+    finish_evaluation_folder(out_dir, frames, lambda d: write_prediction_semantics(d, cfg, model),
+                             cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None,
+                             evaluate_command(run_dir, role, external.name if external is not None else None))
     return len(ids)

@@ -139,8 +139,10 @@ def _load_prediction(path: Path, need_prob: bool) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in _REQUIRED_KEYS + (("prob",) if need_prob else ()) if k not in z.files]
             if missing:
+                hint = (" with evaluation.save_probabilities: true (legacy metrics need the probability map)"
+                        if "prob" in missing else "")
                 raise MSBError(f"{path}: prediction file lacks key(s) {missing} (has {sorted(z.files)}); "
-                               "re-run the evaluation to rewrite it")
+                               f"re-run the evaluation to rewrite it{hint}")
             data = {k: z[k] for k in z.files}
     except MSBError:
         raise
@@ -270,6 +272,13 @@ def write_run_metrics(run_dir: Path, config: MetricsConfig) -> list[Path]:
 
 _DISTANCE_PREFIXES = empty_policy.DISTANCE_KEYS
 
+
+def _legacy_curves(columns: Sequence[str]) -> list[tuple[str, str]]:
+    """(curve column, metric name) of the legacy per-image curves present (``legacy.CURVE_COLUMNS``)."""
+    from msb.evaluation.legacy import CURVE_COLUMNS  # numpy only at import; pysodmetrics is imported lazily
+
+    return [(c, n) for c, n in CURVE_COLUMNS.items() if c in columns]
+
 #: Convention columns of a metrics table: convention column -> test for the metric columns it governs.
 CONVENTION_COLUMNS: dict[str, str] = {"hd_convention": "distances (hd, hd95, assd, masd, directed)",
                                       "nsd_convention": "nsd_tau*"}
@@ -303,7 +312,9 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     empty-mask policy (one-sided empty: distance penalty, NSD 0), ``n_rows``. Lesion rules are also pooled
     over the group (aggregation ``pooled_counts``: sensitivity = sum tp / sum(tp + fn), precision =
     sum tp_pred / sum(tp_pred + fp), F1 = their harmonic mean). With legacy curves, ``legacy_mdice`` and
-    ``legacy_maxdice`` (aggregation ``threshold_curve``; ``legacy.polyp_mdice``).
+    ``legacy_maxdice``, ``legacy_miou``, ``legacy_maxiou``, ``legacy_memeasure``, ``legacy_maxemeasure``
+    (aggregation ``threshold_curve``: mean / max over thresholds of the image-mean curve,
+    ``legacy.curve_scores``).
 
     Args:
         table: output of :func:`metrics_table_from_predictions` (or ``metrics.parquet``); distances in
@@ -328,7 +339,7 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     metric_cols = [c for c in table.columns
                    if c in _DISTANCE_PREFIXES or c.startswith("nsd_tau")
                    or (c.startswith("lesion_") and c.rsplit("_", 1)[-1] in ("sensitivity", "precision", "f1"))
-                   or (c.startswith("legacy_") and c != "legacy_dice_curve")]
+                   or (c.startswith("legacy_") and not c.endswith("_curve"))]
     if metric_cols and np.isinf(table[metric_cols].to_numpy(dtype=np.float64)).any():
         raise ValueError("metrics table contains inf: every empty-mask case must follow the policy table")
     for conv, what in CONVENTION_COLUMNS.items():
@@ -369,12 +380,12 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
             for name, v in lesion.lesion_scores(m).items():
                 out.append({**base, "metric": f"lesion_{rk}_{name}", "aggregation": "pooled_counts", "value": v,
                             "n_used": int(len(g)), "n_nan": 0, "n_policy": 0, "n_rows": int(len(g))})
-        if "legacy_dice_curve" in g.columns:
-            from msb.evaluation.legacy import polyp_mdice
+        for curve_col, name in _legacy_curves(g.columns):
+            from msb.evaluation.legacy import curve_scores
 
-            curves = np.stack([np.asarray(c, dtype=np.float64) for c in g["legacy_dice_curve"]])
-            for name, v in polyp_mdice(curves).items():
-                out.append({**base, "metric": f"legacy_{name}", "aggregation": "threshold_curve", "value": v,
+            curves = np.stack([np.asarray(c, dtype=np.float64) for c in g[curve_col]])
+            for sname, v in curve_scores(curves, name).items():
+                out.append({**base, "metric": f"legacy_{sname}", "aggregation": "threshold_curve", "value": v,
                             "n_used": int(len(g)), "n_nan": 0, "n_policy": 0, "n_rows": int(len(g))})
     return pd.DataFrame(out, columns=[*keys, "metric", "aggregation", "value", "n_used", "n_nan", "n_policy",
                                       "n_rows"])

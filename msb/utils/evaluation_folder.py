@@ -62,6 +62,8 @@ def _derived_command(eval_dir: Path) -> str | None:
         return None
     if (d / "ensemble.json").is_file():
         return ensemble_hint(d)
+    if (d / "score.json").is_file():  # scored external predictions: the msb score command in digests.json
+        return None
     if (run / "config.yaml").is_file():
         return evaluate_command(run, role, ext)
     return None

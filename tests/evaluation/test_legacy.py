@@ -182,3 +182,100 @@ def test_dice_curve_and_mdice_equal_pysodmetrics_on_8bit_maps():
     assert int(old.sum()) == 5 and int((old & ga).sum()) == 4
     assert curves[0][i4] == pytest.approx(12 / 14, rel=0, abs=1e-15)
     assert legacy.legacy_metrics(a, ga)["legacy_mdice"] == pytest.approx(float(np.mean(exact)), abs=1e-15)
+
+
+# ------------------------------------------------------------------ issue 21: integer-domain curves, mIoU, E max
+def _sod_reference(maps_u8, gts):
+    """py_sod_metrics, one object per metric stepped over the whole "dataset" (the official Python way)."""
+    import py_sod_metrics as sod
+
+    fm = sod.FmeasureV2(metric_handlers={
+        "dice": sod.DICEHandler(with_dynamic=True, with_adaptive=False, sample_based=True),
+        "iou": sod.IOUHandler(with_dynamic=True, with_adaptive=False, sample_based=True)})
+    em = sod.Emeasure()
+    for p, g in zip(maps_u8, gts):
+        fm.step(pred=p, gt=g.astype(np.uint8) * 255)
+        em.step(pred=p, gt=g.astype(np.uint8) * 255)
+    r = fm.get_results()
+    return r["dice"]["dynamic"], r["iou"]["dynamic"], em.get_results()["em"]["curve"]
+
+
+def _acceptance_maps():
+    """Maps of the acceptance list: every grey level 0..255 (16x16 = 256 pixels, a permutation: also values on
+    every threshold k/255), a constant map, an empty reference, a map that is not min-max normalised
+    (levels 37..201), and one float map."""
+    rng = np.random.default_rng(21)
+    every = rng.permutation(256).astype(np.uint8).reshape(16, 16)
+    g_every = every >= 100
+    g_every[0, :3] = ~g_every[0, :3]  # some reference pixels at low grey, some high grey outside
+    const = np.full((9, 7), 133, np.uint8)
+    g_const = np.zeros((9, 7), bool)
+    g_const[2:5, 1:4] = True
+    empty_ref = (rng.random((8, 8)) * 255).astype(np.uint8)
+    g_empty = np.zeros((8, 8), bool)
+    narrow = (37 + rng.random((12, 10)) * 164).astype(np.uint8)
+    narrow[0, 0], narrow[0, 1] = 37, 201
+    g_narrow = narrow > 120
+    flt = rng.random((10, 10))
+    g_flt = flt > 0.6
+    return [every, const, empty_ref, narrow, flt], [g_every, g_const, g_empty, g_narrow, g_flt]
+
+
+def test_mdice_maxdice_miou_maxiou_equal_pysodmetrics_to_1e12():
+    """Per-image curves -> dataset mDice, maxDice, mIoU, maxIoU (``curve_scores``) equal py_sod_metrics'
+    FmeasureV2 (DICEHandler / IOUHandler, dynamic, sample based) stepped over the same images, to 1e-12; the
+    metric-table route (compute_image_metrics + summarize_metrics) gives the same; each maps is also scored
+    alone against a library object of its own."""
+    maps, gts = _acceptance_maps()
+    assert set(np.unique(maps[0])) == set(range(256))
+    dice_ref, iou_ref, em_ref = _sod_reference([legacy.to_uint8_map(m) for m in maps], gts)
+    curves = [legacy.threshold_curves(m, g) for m, g in zip(maps, gts)]
+    d = legacy.curve_scores(np.array([c["dice"] for c in curves]), "dice")
+    i = legacy.curve_scores(np.array([c["iou"] for c in curves]), "iou")
+    expected = {"mdice": np.mean(dice_ref), "maxdice": np.max(dice_ref), "miou": np.mean(iou_ref),
+                "maxiou": np.max(iou_ref)}
+    got = {**d, **i}
+    assert all(abs(got[k] - v) <= 1e-12 for k, v in expected.items()), (got, expected)
+    for (m, g), c in zip(zip(maps, gts), curves):  # every image alone
+        dr, ir, _ = _sod_reference([legacy.to_uint8_map(m)], [g])
+        np.testing.assert_allclose(c["dice"], dr, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(c["iou"], ir, rtol=0, atol=1e-12)
+    import pandas as pd
+
+    cfg = MetricsConfig(legacy=True)
+    rows = [compute_image_metrics(legacy.to_uint8_map(m) >= 128, g, config=cfg, prob=m) for m, g in zip(maps, gts)]
+    s = summarize_metrics(pd.DataFrame(rows).assign(class_id=1)).set_index(["metric", "aggregation"])["value"]
+    for k, v in {**expected, "maxemeasure": np.max(em_ref), "memeasure": np.mean(em_ref)}.items():
+        assert abs(s[(f"legacy_{k}", "threshold_curve")] - v) <= 1e-12, k
+
+
+def test_integer_domain_curves_by_exact_counting():
+    """The map with every grey level spans 0..255, so min-max is the identity and threshold k/255 means
+    ``u >= k`` in integers: Dice and IoU at every k counted here by hand equal the curves (0 when TP = 0)."""
+    maps, gts = _acceptance_maps()
+    u, g = maps[0].astype(int), gts[0]
+    dice, iou = [], []
+    for k in range(255, -1, -1):
+        p = u >= k
+        tp, fp, fn = int((p & g).sum()), int((p & ~g).sum()), int((~p & g).sum())
+        dice.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+        iou.append(tp / (tp + fp + fn) if tp else 0.0)
+    c = legacy.threshold_curves(maps[0], g)
+    np.testing.assert_allclose(c["dice"], dice, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(c["iou"], iou, rtol=0, atol=1e-15)
+
+
+def test_miou_hand_example_constant_map_and_empty_reference():
+    """Hand example MAP -> min-max [[1, .625], [.25, 0]], binned uint8(255 x) = [[255, 159], [63, 0]]:
+    k = 160..255 (96): P = {1} -> IoU 1/2; k = 64..159 (96): P = top row -> 1; k = 1..63 (63): 3 px -> 2/3;
+    k = 0: 4 px -> 1/2. mIoU = (48 + 96 + 42 + 0.5) / 256 = 0.728515625, maxIoU = 1.
+    A constant map (no min-max; 133/255 -> bin 133) on a 9-pixel reference of 63: P = all for k <= 133:
+    IoU 9/63 there, 0 above -> mIoU = 134 * (9/63) / 256. An empty reference: IoU and Dice 0 everywhere."""
+    c = legacy.threshold_curves(MAP, REF)
+    assert legacy.curve_scores(c["iou"][None], "iou") == {"miou": pytest.approx(0.728515625, abs=1e-15),
+                                                          "maxiou": 1.0}
+    maps, gts = _acceptance_maps()
+    const = legacy.threshold_curves(maps[1], gts[1])
+    assert const["iou"].mean() == pytest.approx(134 * (9 / 63) / 256, abs=1e-15)
+    empty = legacy.threshold_curves(maps[2], gts[2])
+    assert not empty["dice"].any() and not empty["iou"].any()
