@@ -164,13 +164,16 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
 
 @app.command()
-def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>.")) -> None:
+def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>."),
+            card: bool = typer.Option(False, "--card", help="Also the card recipe as written (card_*_as_written), "
+                                      "beside the real HD95; docs/metrics.md.")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
     Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
     file against the folder's ``digests.json``, and the predictions against the counts' images (a missing or
     extra prediction file is refused with the ids and the command that regenerates the evaluation). The new
-    ``metrics.parquet``'s digest is recorded after it is written."""
+    ``metrics.parquet``'s digest is recorded after it is written. ``--card`` adds the published card's recipe
+    (``evaluation.metrics.card``) for this computation."""
     import pandas as pd
 
     from msb.analysis.counts_io import read_counts_with_report
@@ -187,6 +190,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     if not cfg_path.is_file():
         raise MSBError(f"{run_dir}: not a run folder (no config.yaml); give runs/<study>/<run_id>")
     cfg = RunConfig.model_validate(load_yaml(cfg_path))
+    metrics_cfg = cfg.evaluation.metrics.model_copy(update={"card": True}) if card else cfg.evaluation.metrics
     clean_interrupted_writes(run_dir, log)
     eval_dirs = sorted(p.parent for p in (run_dir / "evaluation").glob("*/predictions") if p.is_dir())
     unverified = []
@@ -202,7 +206,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     with _study_of_run_locked(run_dir):  # no `msb run` of the study writes into the run meanwhile
         for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
             drop_digest(d, "metrics.parquet")
-        written = write_run_metrics(run_dir, cfg.evaluation.metrics)
+        written = write_run_metrics(run_dir, metrics_cfg)
         for path in written:
             fault_point("metrics.written")
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
