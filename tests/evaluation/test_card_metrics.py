@@ -148,3 +148,26 @@ def test_card_group_is_opt_in_beside_real_hd95_and_hash_neutral():
     assert config_hash(explicit) == config_hash(cfg)
     on = RunConfig.model_validate({**base, "evaluation": {"metrics": {"card": True}}})
     assert config_hash(on) != config_hash(cfg)
+
+
+def test_from_stored_predictions_beside_real_hd95(tmp_path):
+    """The opt-in group computed from stored prediction files (the ``msb metrics`` path): one row per image x
+    class with the real HD95 and its convention, and the card's values equal to the literal formula."""
+    from msb.evaluation.image_metrics import metrics_table_from_predictions
+
+    pred_dir = tmp_path / "predictions"
+    pred_dir.mkdir()
+    a = np.zeros((1, 20, 20), bool)
+    a[0, 4:12, 5:15] = True
+    b = np.zeros_like(a)
+    b[0, 6:14, 5:15] = True
+    for name, p, r in (("img1", a, b), ("img2", b, np.zeros_like(b))):
+        np.savez(pred_dir / f"{name}.npz", pred=p, ref=r, spacing=np.array([0.5, 0.5]),
+                 class_ids=np.array([1], np.int64))
+    table = metrics_table_from_predictions(pred_dir, MetricsConfig(card=True, hd_convention="medpy"))
+    one = table.set_index("image_id").loc["img1"]
+    assert one["hd_convention"] == "medpy" and one["hd95"] == pytest.approx(1.0)  # 2 px x 0.5 mm
+    assert one["card_hd95_as_written"] == brute_force(a[0], b[0])  # pixels: spacing ignored, as the card
+    two = table.set_index("image_id").loc["img2"]
+    assert math.isnan(two["card_hd95_as_written"]) and "reference is empty" in two["card_hd95_refused"]
+    assert two["card_dice_as_written"] == 0.0 and two["hd95"] == two["distance_penalty"]
