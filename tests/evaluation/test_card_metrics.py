@@ -95,7 +95,9 @@ def test_identical_disk_is_its_diameter_not_zero():
     disk = (yy - 112) ** 2 + (xx - 112) ** 2 <= 30 ** 2
     row = compute_image_metrics(disk, disk, config=MetricsConfig(card=True))
     assert row["hd95"] == 0.0
-    assert 58.0 < row["card_hd95_as_written"] < 61.0  # <= 2 r = 60, >= 2 r - 2 over 95 % of pixels
+    assert row["card_hd95_as_written"] == brute_force(disk, disk)
+    # the oracle's identical_disk_224 value (the same disk); never more than the diameter 2 r = 60
+    assert row["card_hd95_as_written"] == pytest.approx(59.076221951, abs=1e-9)
     assert row["card_dice_as_written"] == 1.0 and row["card_iou_as_written"] == 1.0
 
 
