@@ -170,7 +170,9 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             legacy: bool = typer.Option(False, "--legacy", help="Also the LEGACY PraNet-template metrics (from the "
                                         "stored probability maps) and their six-metric table."),
             table_out: Optional[Path] = typer.Option(None, help="With --legacy: folder of the six-metric table "
-                                                     "(default RUN_DIR/legacy_table).")) -> None:
+                                                     "(default RUN_DIR/legacy_table)."),
+            card: bool = typer.Option(False, "--card", help="Also the card recipe as written (card_*_as_written), "
+                                      "beside the real HD95; docs/metrics.md.")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
     The target is a run folder, a fold-ensemble folder, or one evaluation folder inside either (an external set
@@ -179,7 +181,8 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
     file against the folder's ``digests.json``, and the predictions against the counts' images (a missing or
     extra prediction file is refused with the ids and the command that regenerates the evaluation). The new
-    ``metrics.parquet``'s digest is recorded after it is written."""
+    ``metrics.parquet``'s digest is recorded after it is written. ``--card`` adds the published card's recipe
+    (``evaluation.metrics.card``) for this computation."""
     import pandas as pd
 
     from msb.analysis.counts_io import read_counts_with_report
@@ -195,7 +198,8 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     clean_interrupted_writes(resolve_metrics_target(run_dir).owner, log)
     target = resolve_metrics_target(run_dir)  # listed again after leftovers of killed writes are gone
     cfg, eval_dirs = target.config, list(target.eval_dirs)
-    metrics_cfg = cfg.evaluation.metrics.model_copy(update={"legacy": True}) if legacy else cfg.evaluation.metrics
+    metrics_cfg = cfg.evaluation.metrics.model_copy(update={**({"legacy": True} if legacy else {}),
+                                                            **({"card": True} if card else {})})
     unverified = []
     for d in eval_dirs:  # the folders written below
         if not (d / "counts.parquet").is_file():

@@ -7,9 +7,9 @@ never be mistaken for each other. See ``docs/metrics.md`` for the formulas and t
 
 from __future__ import annotations
 
-from typing import List, Literal
+from typing import Any, List, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from msb.config.strict import StrictModel
 
@@ -52,6 +52,11 @@ class MetricsConfig(StrictModel):
             (0 = keep all).
         legacy: also compute the PraNet-template legacy metrics (S-measure, weighted F, E-measure, MAE and
             the threshold-averaged "mDice") from the stored probability maps. Not comparable with Dice.
+        card: also compute a published evaluation card's scoring recipe as written
+            (``card_dice_as_written``, ``card_iou_as_written``, ``card_hd95_as_written``;
+            ``msb.evaluation.card_metrics``), beside the real HD95 of ``hd_convention``. Its "HD95" is the
+            distance to the farthest reference pixel, not a Hausdorff distance. Left out of ``config.yaml``
+            (and the config hash) while false, so existing run ids do not change.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -67,6 +72,15 @@ class MetricsConfig(StrictModel):
     lesion_iou_threshold: float = Field(default=0.5, gt=0.0, le=1.0)
     min_lesion_area: int = Field(default=0, ge=0)
     legacy: bool = False
+    card: bool = False
+
+    @model_serializer(mode="wrap")
+    def _omit_default_card(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``card`` while it is false (config hashes stay as they were)."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.card:
+            data.pop("card", None)
+        return data
 
     @field_validator("nsd_tolerances")
     @classmethod

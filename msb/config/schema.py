@@ -58,6 +58,13 @@ class DataConfig(StrictModel):
     shrinking) and masks with nearest neighbour, once, into the preprocessing cache.
     ``max_samples_per_split`` keeps only the first N samples (by ``sample_id``) of each split: for smoke
     tests, never for reported results.
+
+    Labelled fractions (semi-supervised protocols, ``msb.data.labelled``): ``labelled_fraction`` (e.g. 0.1,
+    0.3) draws that share of the training split as labelled, group-aware and stratified by empty/non-empty
+    masks, with ``labelled_seed`` (default: the run's ``random_seed``); ``labelled_ids`` gives the labelled ids
+    instead (a list, or a path to a CSV with a ``sample_id`` column or a run's ``labelled.csv``). Only the
+    labelled images train with their masks; the subset is written to ``labelled.csv``. The three keys are left
+    out of ``config.yaml`` and the config hash while unset, so existing run ids do not change.
     """
 
     name: str
@@ -70,6 +77,32 @@ class DataConfig(StrictModel):
     cache_dir: Optional[str] = None
     normalize_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     normalize_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    labelled_fraction: Optional[float] = Field(None, gt=0, le=1)
+    labelled_ids: Optional[list[str] | str] = None
+    labelled_seed: Optional[int] = None
+
+    @model_validator(mode="after")
+    def _one_labelled_policy(self) -> "DataConfig":
+        if self.labelled_fraction is not None and self.labelled_ids is not None:
+            raise ValueError("give data.labelled_fraction or data.labelled_ids, not both")
+        if self.labelled_seed is not None and self.labelled_fraction is None:
+            raise ValueError("data.labelled_seed needs data.labelled_fraction (explicit ids are not drawn)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_labelled(self, handler: Any) -> dict[str, Any]:
+        """Dump without the ``labelled_*`` keys while unset (config hashes stay as they were)."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("labelled_fraction", "labelled_ids", "labelled_seed"):
+                if getattr(self, key) is None:
+                    data.pop(key, None)
+        return data
+
+    @property
+    def labelled_policy(self) -> bool:
+        """True when a labelled subset is declared (``labelled_fraction`` or ``labelled_ids``)."""
+        return self.labelled_fraction is not None or self.labelled_ids is not None
 
     @field_validator("input_size")
     @classmethod

@@ -6,12 +6,13 @@ from typing import Sequence
 
 import albumentations as A
 import numpy as np
+import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
 from msb.data.cache import CachedArrays
 
-__all__ = ["SegmentationDataset", "build_augmentation"]
+__all__ = ["SegmentationDataset", "UnlabelledImageDataset", "build_augmentation", "labelled_datasets"]
 
 
 def build_augmentation(hflip: float = 0.0, vflip: float = 0.0, rotate90: float = 0.0,
@@ -70,3 +71,63 @@ class SegmentationDataset(Dataset):
         x_t = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
         y_t = torch.from_numpy(mask.transpose(2, 0, 1).astype(np.float32))
         return x_t, y_t, i
+
+
+class UnlabelledImageDataset(Dataset):
+    """Images of the unlabelled training rows, without their masks: no mask of an unlabelled row can reach a loss.
+
+    The masks stay on disk (and in the cache), but this class never holds a reference to the cache's mask
+    array, and ``__getitem__`` returns ``{"image": float32 (3, H, W), "index": int}``: there is no mask key at
+    all, so a loss that asks for one fails instead of silently using it. Augmentations are applied to the image
+    only (albumentations ``augment(image=...)``).
+    """
+
+    def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
+                 std: Sequence[float], augment: A.Compose | None = None) -> None:
+        row_of = cache.row_of
+        self.rows = np.array([row_of[s] for s in sample_ids], dtype=np.int64)
+        self.sample_ids = list(sample_ids)
+        self.images = cache.images  # the images only; cache.masks is deliberately not kept
+        self.augment = augment
+        self.mean = (np.asarray(mean, dtype=np.float32) * 255.0).reshape(1, 1, 3)
+        self.inv_std = (1.0 / (np.asarray(std, dtype=np.float32) * 255.0)).reshape(1, 1, 3)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def set_epoch_seed(self, seed: int) -> None:
+        """Reseed the augmentation so each epoch's draws depend only on (run seed, epoch)."""
+        if self.augment is not None:
+            self.augment.set_random_seed(seed)
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        img = np.asarray(self.images[self.rows[i]])
+        if self.augment is not None:
+            img = self.augment(image=img)["image"]
+        x = (img.astype(np.float32) - self.mean) * self.inv_std
+        return {"image": torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1))), "index": i}
+
+
+def labelled_datasets(cache: CachedArrays, labelled: pd.Series, mean: Sequence[float], std: Sequence[float],
+                      augment: A.Compose | None = None) -> tuple[SegmentationDataset, UnlabelledImageDataset]:
+    """Split the training rows into a labelled dataset (images + masks) and an unlabelled one (images only).
+
+    Args:
+        cache: the preprocessing cache.
+        labelled: bool Series indexed by training ``sample_id`` (``msb.data.labelled``), True = labelled.
+        mean, std: normalisation (as :class:`SegmentationDataset`).
+        augment: training augmentation, shared by both (the unlabelled set applies it to images only).
+
+    Returns:
+        ``(labelled_ds, unlabelled_ds)``; their sample ids are disjoint and together are ``labelled.index``.
+
+    Raises:
+        ValueError: no labelled row.
+    """
+    flags = labelled.astype(bool)
+    lab = [str(s) for s, v in flags.items() if v]
+    unl = [str(s) for s, v in flags.items() if not v]
+    if not lab:
+        raise ValueError("labelled_datasets: no labelled training row")
+    return (SegmentationDataset(cache, lab, mean, std, augment),
+            UnlabelledImageDataset(cache, unl, mean, std, augment))

@@ -91,8 +91,9 @@ def _versions() -> dict[str, str]:
 
 
 def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[str, Any] | None = None) -> None:
-    """``manifest.json``: binds results to config hash, split-file hash, checkpoint SHA-256s, package
-    versions and device; ``extra`` keys (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
+    """``manifest.json``: binds results to config hash, split-file hash (and ``labelled_sha256`` of
+    ``labelled.csv`` in semi-supervised runs), checkpoint SHA-256s, package versions and device; ``extra``
+    keys (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
     records = read_records(run_dir)
     split_path = run_dir / "split.csv"
     manifest: dict[str, Any] = {
@@ -102,6 +103,8 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
                             "value": v.value, "selection_split": v.selection_split} for k, v in records.items()},
         "versions": _versions(), "device": device, "platform": platform.platform(),
     }
+    if (run_dir / "labelled.csv").is_file():  # semi-supervised runs only: other manifests are unchanged
+        manifest["labelled_sha256"] = sha256_file(run_dir / "labelled.csv")
     manifest.update(extra or {})
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
 
@@ -142,6 +145,11 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     if checked:
         log(f"[{run.run_id}] checked {checked} image/mask file(s) of '{ds.name}' at native resolution: OK")
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
+    if cfg.data.labelled_policy:  # semi-supervised protocol: only the labelled subset trains with masks
+        from msb.data.labelled import labelled_train_ids
+
+        train_ids = labelled_train_ids(cfg, run_dir, ds, cache, train_ids)
+        log(f"[{run.run_id}] labelled subset (labelled.csv): {len(train_ids)} training images with masks")
     a = cfg.train.augment
     aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,
                              a.brightness_contrast, seed=cfg.random_seed)

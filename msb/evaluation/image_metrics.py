@@ -19,6 +19,7 @@ gives ``spacing_row``/``spacing_col``, else pixels):
 ``lesion_<rule>_<x>``      per rule (``any_overlap``, ``centroid_in_reference``, ``iou_ge_<t>``):
                            ``tp``, ``fp``, ``fn``, ``tp_pred``, ``sensitivity``, ``precision``, ``f1``
 ``legacy_*``               only with ``legacy: true`` (``msb.evaluation.legacy``)
+``card_*_as_written``      only with ``card: true``: a published card's recipe (``msb.evaluation.card_metrics``)
 =========================  ==============================================================================
 
 No value is ever ``inf``; NaN means "not applicable" under the empty-mask policy.
@@ -131,6 +132,10 @@ def compute_image_metrics(pred: np.ndarray, ref: np.ndarray, spacing: Sequence[f
         from msb.evaluation import legacy  # local import: pysodmetrics only when legacy metrics are requested
 
         row.update(legacy.legacy_metrics(prob, ref))  # type: ignore[arg-type]
+    if cfg.card:  # always beside the real hd95 of row["hd_convention"], never instead of it
+        from msb.evaluation.card_metrics import card_image_metrics
+
+        row.update(card_image_metrics(pred, ref))
     return row
 
 
@@ -306,10 +311,11 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     conventions gives two ``hd95`` rows, one per convention (and every other metric is likewise summarised
     per convention group, so rows of one image scored under two conventions are not pooled twice).
 
-    For every metric column (distances, ``nsd_*``, lesion ratios, scalar ``legacy_*``) and group:
-    ``value`` = mean over rows with a non-NaN value (aggregation ``image_mean``), ``n_used`` = rows in the
-    mean, ``n_nan`` = rows excluded as not applicable (NaN), ``n_policy`` = rows whose value was set by the
-    empty-mask policy (one-sided empty: distance penalty, NSD 0), ``n_rows``. Lesion rules are also pooled
+    For every metric column (distances, ``nsd_*``, lesion ratios, scalar ``legacy_*``,
+    ``card_*_as_written``) and group: ``value`` = mean over rows with a non-NaN value (aggregation
+    ``image_mean``), ``n_used`` = rows in the mean, ``n_nan`` = rows excluded as not applicable (NaN),
+    ``n_policy`` = rows whose value was set by the empty-mask policy (one-sided empty: distance penalty,
+    NSD 0), ``n_rows``. Lesion rules are also pooled
     over the group (aggregation ``pooled_counts``: sensitivity = sum tp / sum(tp + fn), precision =
     sum tp_pred / sum(tp_pred + fp), F1 = their harmonic mean). With legacy curves, ``legacy_mdice`` and
     ``legacy_maxdice``, ``legacy_miou``, ``legacy_maxiou``, ``legacy_memeasure``, ``legacy_maxemeasure``
@@ -339,7 +345,8 @@ def summarize_metrics(table: pd.DataFrame, by: Sequence[str] = ("class_id",)) ->
     metric_cols = [c for c in table.columns
                    if c in _DISTANCE_PREFIXES or c.startswith("nsd_tau")
                    or (c.startswith("lesion_") and c.rsplit("_", 1)[-1] in ("sensitivity", "precision", "f1"))
-                   or (c.startswith("legacy_") and not c.endswith("_curve"))]
+                   or (c.startswith("legacy_") and not c.endswith("_curve"))
+                   or (c.startswith("card_") and c.endswith("_as_written"))]
     if metric_cols and np.isinf(table[metric_cols].to_numpy(dtype=np.float64)).any():
         raise ValueError("metrics table contains inf: every empty-mask case must follow the policy table")
     for conv, what in CONVENTION_COLUMNS.items():

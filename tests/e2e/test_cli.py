@@ -265,6 +265,32 @@ def test_metrics_command_hd95_matches_medpy(trained):
     assert n_checked >= 1  # at least one image with both masks non-empty was compared with medpy
 
 
+def test_metrics_command_card_option(trained):
+    """``msb metrics RUN --card`` adds the card's recipe as written beside the real HD95 (same rows, the run's
+    medpy convention); the card's "HD95" equals its literal cdist formula on the stored masks."""
+    from scipy.spatial.distance import cdist
+
+    root, _, rd, _ = trained
+    data = root / "datasets" / "synthetic"
+    r = msb("metrics", str(rd), "--card")
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = pd.read_parquet(rd / "evaluation" / "best" / "metrics.parquet")
+    assert {"hd95", "card_hd95_as_written", "card_dice_as_written", "card_hd95_refused"} <= set(m.columns)
+    assert set(m["hd_convention"]) == {"medpy"} and "card_hd95_as_written" in r.stdout
+    n_checked = 0
+    for row in m.itertuples():
+        with np.load(rd / "evaluation" / "best" / "predictions" / f"{row.image_id}.npz") as z:
+            pred = z["pred"][list(z["class_ids"]).index(row.class_id)]
+        ref = _reference(data, row.image_id, row.class_id)
+        if pred.any() and ref.any():
+            literal = np.percentile(np.max(cdist(np.argwhere(pred), np.argwhere(ref)), axis=1), 95)
+            assert row.card_hd95_as_written == literal and row.card_hd95_refused == ""
+            n_checked += 1
+        else:
+            assert np.isnan(row.card_hd95_as_written) and "empty" in row.card_hd95_refused
+    assert n_checked >= 1
+
+
 def test_evaluate_external_dataset(trained):
     """``msb evaluate RUN --external synth_ext`` (configs/datasets/synth_ext.yaml of the project, run from the
     project folder): 6 synthetic 40x40 frames, prepared on first use. Rows = images x foreground classes, all

@@ -12,7 +12,7 @@ Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder
 (:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
 ``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
-(:mod:`.polyp_sets`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
+(:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
 :mod:`.fetch`. Names are case-insensitive and ``_``
 is accepted for ``-``.
 """
@@ -85,6 +85,7 @@ def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.P
 from msb.data.converters.folder import convert_folder  # noqa: E402
 from msb.data.converters.kvasir_seg import convert_kvasir_seg  # noqa: E402
 from msb.data.converters.bkai_neopolyp import convert_bkai_neopolyp  # noqa: E402
+from msb.data.converters.bcss import convert_bcss  # noqa: E402
 from msb.data.converters.busi import convert_busi  # noqa: E402
 from msb.data.converters.cvc_clinicdb import convert_cvc_clinicdb  # noqa: E402
 from msb.data.converters.isic2018 import convert_isic2018_task1  # noqa: E402
@@ -104,6 +105,7 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "cvc-colondb": convert_cvc_colondb,
     "etis-larib": convert_etis_larib,
     "cvc-300": convert_cvc_300,
+    "bcss": convert_bcss,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",
