@@ -13,7 +13,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 EXPECTED = {  # dataset config -> (data.name, converter, split mode)
     "kvasir_seg_224": ("kvasir_seg", "kvasir-seg", "random"),
     "cvc_clinicdb_224": ("cvc_clinicdb", "cvc-clinicdb", "random"),
-    "isic2018_224": ("isic2018_task1", "isic2018-task1", "fixed"),
+    "isic2018_224": ("isic2018", "isic2018-task1", "fixed"),
     "busi_224": ("busi", "busi", "random"),
 }
 
