@@ -173,12 +173,19 @@ def read_counts_with_report(
     n_read = len(df)
 
     cols = list(COUNTS_COLUMNS)
-    exact = df.duplicated(subset=cols, keep="first").to_numpy()
-    n_dup = int(exact.sum())
-    if n_dup:
-        df = df.loc[~exact].reset_index(drop=True)
+    # an exact duplicate is also a key duplicate: compare all columns only among rows whose key repeats
+    # (one 7-column pass instead of a 25-column one when nothing repeats, the usual case)
+    key_dup = df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy()
+    n_dup = 0
+    if key_dup.any():
+        exact = np.zeros(len(df), dtype=bool)
+        exact[key_dup] = df.loc[key_dup].duplicated(subset=cols, keep="first").to_numpy()
+        n_dup = int(exact.sum())
+        if n_dup:
+            df = df.loc[~exact].reset_index(drop=True)
 
-    conflict = df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy()
+    conflict = (df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy() if key_dup.any()
+                else np.zeros(len(df), dtype=bool))
     if conflict.any():
         bad = df.loc[conflict]
         n_keys = int(bad.drop_duplicates(subset=list(KEY_COLUMNS)).shape[0])
