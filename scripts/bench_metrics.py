@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=150, help="Kvasir masks to use (default 150)")
     parser.add_argument("--busi", type=int, default=40, help="BUSI lesion masks to use (default 40)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats over all pairs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if not SHARED.exists():
         print(f"../shared/data not found at {SHARED}; nothing to benchmark", file=sys.stderr)
@@ -159,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "352x352")
     for r in rows:
         print_row(r)
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
     return 0 if all(r.equal for r in rows) else 1
 
 
