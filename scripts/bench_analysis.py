@@ -23,7 +23,8 @@ Rows (one run, repeats interleaved, median / min / max printed, ratio ours / bes
    each subprocess (``ru_maxrss``) is printed. Value check: every score equal (``|diff| <= 1e-12``).
    ``--rows-10m`` also measures ours at 10,000,000 rows (time and peak memory, no competitor).
 
-Usage: ``python scripts/bench_analysis.py [--quick] [--repeats R] [--json OUT]``. ``--quick`` = 2,000 images,
+Usage: ``python scripts/bench_analysis.py [--quick] [--repeats R] [--only bootstrap|reaggregate] [--rows-10m]
+[--json OUT]``. ``--quick`` = 2,000 images,
 200 replicates, 100,000 rows, 1 repeat (CI smoke test). Exit status 1 when a value check fails.
 """
 
@@ -219,22 +220,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rows-10m", action="store_true", help="also time ours on 10M rows")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--only", choices=("bootstrap", "reaggregate"), default=None, help="run one part only")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     if args.quick:
         args.images, args.replicates, args.rows, args.repeats = 2_000, 200, 100_000, 1
     print(f"bench_analysis: {os.cpu_count()} CPU(s), numpy {np.__version__}, pandas {pd.__version__}; "
           f"{args.repeats} interleaved repeat(s) per side")
-    bootstrap_rule(image_table(synthetic_counts(100)), "image-macro", "dice", n_boot=10)  # warm-up
-    rows = bench_bootstrap(args.images, args.replicates, args.repeats)
-    for r in rows:
-        print_row(r)
+    rows = []
+    if args.only != "reaggregate":
+        bootstrap_rule(image_table(synthetic_counts(100)), "image-macro", "dice", n_boot=10)  # warm-up
+        rows = bench_bootstrap(args.images, args.replicates, args.repeats)
+        for r in rows:
+            print_row(r)
     with tempfile.TemporaryDirectory(prefix="msb_bench_") as tmp:
+        if args.only == "bootstrap":
+            return _finish(rows, args.json)
         r = bench_reaggregate(args.rows, max(1, min(args.repeats, 3)), Path(tmp), args.rows_10m)
         print_row(r)
         rows.append(r)
-    if args.json:
-        args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+    return _finish(rows, args.json)
+
+
+def _finish(rows: list[Row], out: Path | None) -> int:
+    if out:
+        out.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
     return 0 if all(r.equal for r in rows) else 1
 
 
