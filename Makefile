@@ -31,7 +31,7 @@ test-fast: setup
 bench: setup
 	$(BIN)/python scripts/bench_analysis.py
 	$(BIN)/python scripts/bench_audit.py
-	$(BIN)/python scripts/bench_metrics.py --pairs 60 --busi 20
+	$(BIN)/python scripts/bench_metrics.py --pairs 30 --busi 10
 	$(BIN)/python scripts/bench_train.py
 
 clean:
