@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python scripts/bench_analysis.py
 	$(BIN)/python scripts/bench_audit.py
 	$(BIN)/python scripts/bench_metrics.py --pairs 30 --busi 10
+	$(BIN)/python scripts/bench_eval.py
 	$(BIN)/python scripts/bench_train.py
 
 clean:

@@ -4,7 +4,7 @@ Each script is run as ``make bench`` runs it (a subprocess, tiny sizes) and must
 show every side timed and the value check passed: ours equal to the competitors' values, which come from
 independent implementations (a plain NumPy loop and ``scipy.stats.bootstrap``; a pandas groupby script;
 NumPy ``bitwise_count`` and ``faiss`` range search; medpy and MONAI for HD95/NSD). The metrics benchmark
-(torch + MONAI import) and the training benchmark (trains a U-Net twice) are marked slow.
+(torch + MONAI import), the evaluation and the training benchmark (they train a U-Net) are marked slow.
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ def test_bench_audit_quick(tmp_path: Path) -> None:
 def test_bench_metrics_quick(tmp_path: Path, shared_dir: Path) -> None:
     rows = _run("bench_metrics.py", tmp_path)
     assert len(rows) == 2 and all("medpy hd95" in r["sides"] for r in rows)
+
+
+@pytest.mark.slow  # trains a U-Net for one epoch, then evaluates 16 images twice
+def test_bench_eval_quick(tmp_path: Path) -> None:
+    rows = _run("bench_eval.py", tmp_path)
+    assert rows[0]["check"].startswith("16 of 16 ")
 
 
 @pytest.mark.slow
