@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--images", type=int, default=400, help="at most this many real images to hash")
+    ap.add_argument("--images", type=int, default=200, help="at most this many real images to hash")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--large", type=int, default=0, help="also time ours alone on this many hashes")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
