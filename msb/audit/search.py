@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 HAS_FAISS = _faiss is not None
 #: Queries per faiss range search call (bounds the memory of one call's result lists).
-_FAISS_QUERIES = 16_384
+_FAISS_QUERIES = 65_536
 
 _BYTE_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
 HAS_BITWISE_COUNT = hasattr(np, "bitwise_count")
