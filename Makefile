@@ -27,10 +27,13 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -ra -m "not slow"
 
+# every benchmark against its competitors (docs/performance.md); < 10 min on 2 cores
 bench: setup
-	$(BIN)/python scripts/bench_train.py
-	$(BIN)/python scripts/bench_metrics.py
+	$(BIN)/python scripts/bench_analysis.py
 	$(BIN)/python scripts/bench_audit.py
+	$(BIN)/python scripts/bench_metrics.py --pairs 30 --busi 10
+	$(BIN)/python scripts/bench_eval.py
+	$(BIN)/python scripts/bench_train.py
 
 clean:
 	rm -rf runs .pytest_cache

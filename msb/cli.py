@@ -144,13 +144,15 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts_with_report
 
-    df, report = read_counts_with_report(paths)
+    extended = rules is not None or population or bootstrap or compare
+    # the basic table needs no hash, name or source column: columnar read of the others (docs/performance.md)
+    df, report = read_counts_with_report(paths, None if extended else ["model"])
     for note in report.notes:
         log(note)
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
     if by_threshold:
         group = (*group, "threshold", "threshold_on")
-    if rules is not None or population or bootstrap or compare:
+    if extended:
         from msb.analysis.compare import run_extended
 
         run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log,

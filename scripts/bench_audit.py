@@ -1,17 +1,22 @@
-"""Benchmark: audit throughput, measured in one run.
+"""Benchmark: audit hashing and near-duplicate search against what a knowledgeable user would write.
 
-1. **Hashing** (images/s): :func:`msb.audit.hashing.hash_images` (SHA-256 + pHash + dHash + 64x64 thumbnail, one
-   decode per image) over every image file under ``../shared/data/*/images`` (masks excluded), with
-   ``--workers`` processes.
-2. **Search** (pairs/s): :func:`msb.audit.search.pairs_within` on a synthetic set of ``--n`` 64-bit hashes
-   (default 50,000; uniformly random plus planted near copies with 0-4 flipped bits), ``k = --k`` (8). Pairs
-   compared = ``N(N-1)/2``.
-3. **Naive reference** (pairs/s): the O(N^2) Python loop over imagehash objects (``h1 - h2 <= k``) on the first
-   ``--naive-n`` hashes (default 1,500) of the same set; the vectorised search is run on that subsample too and
-   must return the identical pair list. The ratio vectorised/naive is printed.
+Rows (one run, repeats interleaved, median / min / max, ratio ours / best competitor, value check):
 
-Usage: ``.venv/bin/python scripts/bench_audit.py [--n 50000] [--naive-n 1500] [--workers 2] [--json OUT]``.
-Target: the 50,000-hash search in under 30 s on 2 CPU cores.
+1. **near-duplicate search**, ``--n`` (50,000) synthetic 64-bit hashes (random, every 10th followed by a copy
+   with 0-4 flipped bits), ``k = --k`` (8), ``--workers`` threads (2). Ours: :func:`msb.audit.search.pairs_within`
+   (faiss when installed). Competitors: (a) NumPy ``bitwise_count`` in chunks of 256 rows against the later
+   hashes, (b) ``faiss.IndexBinaryFlat`` range search with radius ``k + 1`` used directly (skipped with a
+   note when faiss-cpu is not installed). Value check: identical ``(i, j, d)`` pair lists.
+2. **hashing** (pHash + dHash of every image under ``../shared/data/*/images``, at most ``--images``): ours
+   :func:`msb.audit.hashing.hash_images` (also SHA-256 and a thumbnail, one decode per image, ``--workers``
+   processes) vs a loop ``imagehash.phash(img), imagehash.dhash(img)`` over PIL images. Value check: identical
+   hashes. Skipped with a note without ``../shared/data``.
+
+``--large N`` also times ours alone on N hashes (e.g. 200,000; the flat search is O(N^2), so the 1M-hash time
+is that time x (1e6 / N)^2, printed as an extrapolation).
+
+Usage: ``python scripts/bench_audit.py [--quick] [--n 50000] [--repeats R] [--large N] [--json OUT]``.
+``--quick`` = 5,000 hashes, 40 images, 1 repeat. Exit status 1 when a value check fails.
 """
 
 from __future__ import annotations
@@ -27,12 +32,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 
-import imagehash  # noqa: E402
+from bench_common import Row, interleave, print_row  # noqa: E402
 
-from msb.audit.hashing import hash_images  # noqa: E402
-from msb.audit.search import HAS_BITWISE_COUNT, naive_pairs, pairs_within  # noqa: E402
-from msb.data.converters.folder import IMAGE_EXTENSIONS  # noqa: E402
+from msb.audit.search import HAS_FAISS, pairs_within  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "data"
 
@@ -49,71 +53,120 @@ def synthetic_hashes(n: int, seed: int = 0) -> np.ndarray:
     return h
 
 
-def to_imagehash(v: int) -> imagehash.ImageHash:
-    bits = np.unpackbits(np.frombuffer(int(v).to_bytes(8, "big"), dtype=np.uint8)).astype(bool)
-    return imagehash.ImageHash(bits.reshape(8, 8))
+def numpy_chunks(h: np.ndarray, k: int, chunk: int = 256):
+    """The competitor a NumPy user writes: XOR a chunk of rows against the later hashes, ``np.bitwise_count``."""
+    out_i, out_j, out_d = [], [], []
+    for s in range(0, len(h), chunk):
+        d = np.bitwise_count(h[s:s + chunk, None] ^ h[None, s:])
+        r, c = np.nonzero(d <= k)
+        keep = c > r
+        out_i.append(r[keep] + s)
+        out_j.append(c[keep] + s)
+        out_d.append(d[r[keep], c[keep]])
+    return np.concatenate(out_i), np.concatenate(out_j), np.concatenate(out_d)
 
 
-def main() -> None:
+def faiss_flat(h: np.ndarray, k: int, threads: int):
+    """faiss used directly: one flat binary index, one range search of every hash, pairs j > i."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    codes = h.view(np.uint8).reshape(-1, 8)
+    index = faiss.IndexBinaryFlat(64)
+    index.add(codes)
+    lims, dist, ids = index.range_search(codes, k + 1)
+    q = np.repeat(np.arange(len(h)), np.diff(lims).astype(np.int64))
+    keep = ids > q
+    return q[keep], ids[keep], dist[keep]
+
+
+def _sorted(t):
+    i, j, d = (np.asarray(x).astype(np.int64) for x in t)
+    o = np.lexsort((j, i))
+    return i[o], j[o], d[o]
+
+
+def bench_search(n: int, k: int, workers: int, repeats: int) -> Row:
+    """Row 1."""
+    h = synthetic_hashes(n)
+    row = Row(f"near-duplicate search, {n:,} 64-bit hashes, k = {k}, {workers} thread(s)")
+    sides = {"ours": lambda: pairs_within(h, k, workers=workers),
+             "NumPy bitwise_count chunks": lambda: numpy_chunks(h, k)}
+    if HAS_FAISS:
+        sides["faiss IndexBinaryFlat range search"] = lambda: faiss_flat(h, k, workers)
+    else:
+        row.notes.append("faiss-cpu not installed: faiss competitor skipped, ours runs the NumPy path")
+    vals = interleave(row, sides, repeats)
+    ours = _sorted(vals.pop("ours"))
+    same = {s: all(np.array_equal(a, b) for a, b in zip(ours, _sorted(v))) for s, v in vals.items()}
+    row.equal = all(same.values())
+    row.check = f"{len(ours[0])} pairs; identical (i, j, d) lists: " + ", ".join(f"{s} {v}" for s, v in same.items())
+    return row
+
+
+def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
+    """Row 2 (None without ../shared/data)."""
+    import imagehash
+    from PIL import Image
+
+    from msb.audit.hashing import hash_images
+    from msb.data.converters.folder import IMAGE_EXTENSIONS
+
+    files = sorted(p for p in SHARED.glob("*/images/*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        print(f"hashing: skipped, no images under {SHARED}")
+        return None
+    files = files[:: max(1, len(files) // max_images)][:max_images]
+    row = Row(f"hashing (pHash + dHash), {len(files)} real images from ../shared/data, {workers} process(es)")
+
+    def loop():
+        out = []
+        for f in files:
+            with Image.open(f) as im:
+                out.append((str(imagehash.phash(im)), str(imagehash.dhash(im))))
+        return out
+
+    vals = interleave(row, {"ours": lambda: hash_images(files, workers=workers), "imagehash loop": loop}, repeats)
+    table = vals["ours"]
+    ours = [(f"{int(p):016x}", f"{int(d):016x}") for p, d in zip(table.phash, table.dhash)]
+    row.equal = ours == vals["imagehash loop"]
+    row.check = f"{len(ours)} (pHash, dHash) pairs identical"
+    row.notes.append("ours also computes SHA-256 and a 64x64 thumbnail per image")
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, 1 repeat (CI smoke test)")
     ap.add_argument("--n", type=int, default=50_000)
-    ap.add_argument("--naive-n", type=int, default=1_500)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON")
-    args = ap.parse_args()
-    out: dict = {"cpu_count": os.cpu_count(), "workers": args.workers,
-                 "popcount": "np.bitwise_count" if HAS_BITWISE_COUNT else "byte lookup table",
-                 "numpy": np.__version__}
-
-    # 1. hashing
-    files = sorted(p for p in SHARED.glob("*/images/*") if p.suffix.lower() in IMAGE_EXTENSIONS)
-    if files:
-        t = time.perf_counter()
-        table = hash_images(files, workers=args.workers)
-        dt = time.perf_counter() - t
-        out["hashing"] = {"images": len(files), "seconds": round(dt, 3), "images_per_s": round(len(files) / dt, 1),
-                          "megabytes": round(float(table.n_bytes.sum()) / 1e6, 1)}
-        print(f"hashing: {len(files)} images from {SHARED} in {dt:.2f} s = {len(files) / dt:.1f} images/s "
-              f"({args.workers} process(es); SHA-256 + pHash + dHash + thumbnail)")
-    else:
-        print(f"hashing: skipped, no images under {SHARED}")
-
-    # 2. vectorised search on N hashes
-    h = synthetic_hashes(args.n)
-    n_pairs = args.n * (args.n - 1) // 2
-    t = time.perf_counter()
-    i, j, _ = pairs_within(h, args.k, workers=args.workers)
-    dt = time.perf_counter() - t
-    out["search"] = {"hashes": args.n, "pairs_compared": n_pairs, "found": int(len(i)), "seconds": round(dt, 3),
-                     "pairs_per_s": round(n_pairs / dt), "k": args.k, "under_30_s": dt < 30}
-    print(f"search: {args.n:,} hashes, {n_pairs:,} pairs in {dt:.2f} s = {n_pairs / dt:,.0f} pairs/s, "
-          f"{len(i)} pairs with d <= {args.k} ({args.workers} thread(s)); target < 30 s: "
-          f"{'met' if dt < 30 else 'MISSED'}")
-
-    # 3. naive imagehash loop on a subsample, and the vectorised search on the same subsample
-    sub = h[: args.naive_n]
-    objs = [to_imagehash(v) for v in sub]
-    m = len(sub) * (len(sub) - 1) // 2
-    t = time.perf_counter()
-    ref = naive_pairs(objs, args.k)
-    dt_naive = time.perf_counter() - t
-    t = time.perf_counter()
-    si, sj, sd = pairs_within(sub, args.k)
-    dt_vec = time.perf_counter() - t
-    same = list(zip(si.tolist(), sj.tolist(), sd.tolist())) == ref
-    out["naive"] = {"hashes": len(sub), "pairs": m, "seconds": round(dt_naive, 3), "pairs_per_s": round(m / dt_naive),
-                    "vectorised_seconds_same_subsample": round(dt_vec, 4), "identical_result": same}
-    out["ratio_vectorised_over_naive_pairs_per_s"] = round((n_pairs / out["search"]["seconds"]) / (m / dt_naive), 1)
-    print(f"naive imagehash loop: {len(sub):,} hashes, {m:,} pairs in {dt_naive:.2f} s = {m / dt_naive:,.0f} pairs/s; "
-          f"vectorised on the same subsample {dt_vec:.3f} s, identical pairs: {same}")
-    print(f"ratio (vectorised 50k pairs/s / naive pairs/s): {out['ratio_vectorised_over_naive_pairs_per_s']:.0f}x; "
-          f"naive extrapolated to {args.n:,} hashes: {n_pairs / (m / dt_naive) / 3600:.1f} h")
-    if not same:
-        raise SystemExit("vectorised and naive searches disagree")
+    ap.add_argument("--images", type=int, default=200, help="at most this many real images to hash")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--large", type=int, default=0, help="also time ours alone on this many hashes")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.images, args.repeats = 5_000, 40, 1
+    print(f"bench_audit: {os.cpu_count()} CPU(s), numpy {np.__version__}, faiss "
+          f"{'installed' if HAS_FAISS else 'not installed'}; {args.repeats} interleaved repeat(s) per side")
+    rows = [bench_search(args.n, args.k, args.workers, args.repeats)]
+    print_row(rows[0])
+    hrow = bench_hashing(args.images, args.workers, args.repeats)
+    if hrow is not None:
+        print_row(hrow)
+        rows.append(hrow)
+    if args.large:
+        h = synthetic_hashes(args.large, seed=1)
+        t0 = time.perf_counter()
+        i, _, _ = pairs_within(h, args.k, workers=args.workers)
+        dt = time.perf_counter() - t0
+        print(f"== ours alone on {args.large:,} hashes: {dt:.1f} s, {len(i)} pairs; flat search is O(N^2): "
+              f"1,000,000 hashes ~ {dt * (1e6 / args.large) ** 2:.0f} s (extrapolated)")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+    return 0 if all(r.equal for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Benchmark: MSB HD95 + NSD against medpy ``hd95`` on real mask pairs, same pairs, same run.
+"""Benchmark: MSB HD95 + NSD against medpy and MONAI on real mask pairs, same pairs, same run.
 
 Pairs (reference, prediction) from ``../shared/data``:
 * Kvasir-SEG masks (JPEG, binarised ``> 127``), each with one deterministic perturbation cycling over
@@ -8,10 +8,13 @@ Pairs (reference, prediction) from ``../shared/data``:
   with the same perturbations.
 Every pair is measured at native resolution and nearest-resized to 352x352.
 
-For each pair: medpy ``hd95`` (pooled convention, connectivity 1) and MSB ``surface_distances`` +
-``distance_metrics(convention="medpy")`` + NSD at tau = 1 and 2 px, with the default exact k-d tree
-search and with the EDT path. The HD95 values must agree (|diff| <= 1e-9); the script prints the per-pair
-median time of each and the ratio medpy / MSB.
+Sides, timed over all pairs per repeat, repeats interleaved (median / min / max, ratio ours / best
+competitor): ours = MSB ``surface_distances`` (exact k-d tree) + HD95 under the medpy and the MONAI
+convention + NSD at 2 px, all from one distance computation; medpy ``hd95`` (pooled convention,
+connectivity 1); MONAI ``compute_hausdorff_distance(percentile=95)`` + ``compute_surface_dice([2.0])`` (skipped
+with a note when MONAI is not installed). DeepMind ``surface-distance`` is not on PyPI and is skipped with a
+note. Value checks: HD95 equal to medpy (``|diff| <= 1e-9``); HD95 and NSD equal to MONAI within its float32
+arithmetic (``<= 1e-5`` relative). Exit status 1 when a check fails, 2 without ``../shared/data``.
 
 Usage: ``.venv/bin/python scripts/bench_metrics.py [--quick] [--pairs N] [--repeats R]``.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,6 +34,10 @@ from scipy import ndimage
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_common import Row, interleave, print_row  # noqa: E402
 
 from msb.evaluation import surface  # noqa: E402
 
@@ -85,66 +93,77 @@ def load_pairs(n_kvasir: int, n_busi: int) -> list[tuple[str, np.ndarray, np.nda
     return [(n, r, p) for n, r, p in pairs if r.any() and p.any()]
 
 
-def _ours(pred: np.ndarray, ref: np.ndarray, method: str) -> float:
+def _ours(pred: np.ndarray, ref: np.ndarray, method: str = "kdtree") -> tuple[float, float, float]:
+    """(HD95 medpy convention, HD95 MONAI convention, NSD at 2 px) from one distance computation."""
     sd = surface.surface_distances(pred, ref, (1.0, 1.0), "pixels", 4, method)  # type: ignore[arg-type]
-    hd95 = surface.distance_metrics(sd, "medpy")["hd95"]
-    for tau in (1.0, 2.0):
-        surface.nsd(sd, tau)
-    return hd95
+    return (surface.distance_metrics(sd, "medpy")["hd95"], surface.distance_metrics(sd, "monai")["hd95"],
+            surface.nsd(sd, 2.0))
 
 
-def _time(fn, repeats: int) -> tuple[float, float]:
-    best, value = float("inf"), float("nan")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, value
-
-
-def bench(pairs, repeats: int, label: str) -> dict[str, float]:
-    """Time medpy hd95 and MSB (kdtree, edt) on each pair; check equal HD95; print medians and ratios."""
+def bench(pairs, repeats: int, label: str) -> list[Row]:
+    """One row per set of pairs: ours vs medpy hd95 and MONAI hd95 + surface dice, interleaved."""
     from medpy.metric.binary import hd95 as medpy_hd95
 
-    t_medpy, t_kd, t_edt, worst = [], [], [], 0.0
-    for name, ref, pred in pairs:
-        tm, vm = _time(lambda: medpy_hd95(pred, ref), repeats)
-        tk, vk = _time(lambda: _ours(pred, ref, "kdtree"), repeats)
-        te, ve = _time(lambda: _ours(pred, ref, "edt"), repeats)
-        diff = max(abs(vk - vm), abs(ve - vm))
-        if diff > 1e-9:
-            raise SystemExit(f"{label} {name}: HD95 differs: medpy {vm!r}, msb kdtree {vk!r}, edt {ve!r}")
-        worst = max(worst, diff)
-        t_medpy.append(tm)
-        t_kd.append(tk)
-        t_edt.append(te)
-    med = {k: float(np.median(v)) * 1e3 for k, v in (("medpy", t_medpy), ("kdtree", t_kd), ("edt", t_edt))}
+    n = len(pairs)
     shapes = {tuple(r.shape) for _, r, _ in pairs}
-    print(f"[{label}] {len(pairs)} pairs, {len(shapes)} distinct shapes; max |HD95 diff| = {worst:.1e}")
-    print(f"  per-pair median time: medpy hd95 {med['medpy']:.2f} ms | msb HD95+NSD (kdtree, default) "
-          f"{med['kdtree']:.2f} ms | msb HD95+NSD (edt) {med['edt']:.2f} ms")
-    print(f"  ratio medpy / msb: {med['medpy'] / med['kdtree']:.1f}x (kdtree), "
-          f"{med['medpy'] / med['edt']:.1f}x (edt)")
-    return med
+    row = Row(f"HD95 + NSD, {n} real mask pairs ({label}, {len(shapes)} distinct shapes); times = all pairs")
+    sides = {"ours": lambda: [_ours(p, r) for _, r, p in pairs],
+             "medpy hd95": lambda: [medpy_hd95(p, r) for _, r, p in pairs]}
+    try:
+        import torch
+        from monai.metrics import compute_hausdorff_distance, compute_surface_dice
+
+        def monai_side():
+            out = []
+            for _, r, p in pairs:
+                tp_, tr_ = (torch.from_numpy(np.ascontiguousarray(a))[None, None].float() for a in (p, r))
+                out.append((float(compute_hausdorff_distance(tp_, tr_, percentile=95)),
+                            float(compute_surface_dice(tp_, tr_, [2.0]))))
+            return out
+        sides["MONAI hd95 + surface dice"] = monai_side
+    except ImportError:
+        row.notes.append("MONAI not installed: competitor skipped (pip install monai)")
+    row.notes.append("DeepMind surface-distance: not on PyPI (installed from GitHub only), competitor skipped; "
+                     "its convention is checked against oracle values in tests/evaluation/test_surface_oracle.py")
+    vals = interleave(row, sides, repeats)
+    ours = np.asarray(vals["ours"])
+    checks = [f"max |HD95 - medpy| = {np.max(np.abs(ours[:, 0] - np.asarray(vals['medpy hd95']))):.1e}"]
+    ok = np.max(np.abs(ours[:, 0] - np.asarray(vals["medpy hd95"]))) <= 1e-9
+    if "MONAI hd95 + surface dice" in vals:
+        mo = np.asarray(vals["MONAI hd95 + surface dice"])
+        d_hd = np.max(np.abs(ours[:, 1] - mo[:, 0]) / np.maximum(1.0, np.abs(mo[:, 0])))
+        d_nsd = np.max(np.abs(ours[:, 2] - mo[:, 1]))
+        checks.append(f"max rel |HD95 - MONAI| = {d_hd:.1e}, max |NSD(2 px) - MONAI| = {d_nsd:.1e} (float32)")
+        ok = ok and d_hd <= 1e-5 and d_nsd <= 1e-5
+    row.equal = bool(ok)
+    row.check = "; ".join(checks)
+    for side in row.times:
+        row.notes.append(f"{side}: {1e3 * np.median(row.times[side]) / n:.2f} ms per pair (median repeat)")
+    return [row]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="20 Kvasir + 5 BUSI pairs, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="4 Kvasir + 1 BUSI pairs, 1 repeat")
     parser.add_argument("--pairs", type=int, default=150, help="Kvasir masks to use (default 150)")
     parser.add_argument("--busi", type=int, default=40, help="BUSI lesion masks to use (default 40)")
-    parser.add_argument("--repeats", type=int, default=3, help="timing repeats per pair (min is kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats over all pairs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     if not SHARED.exists():
         print(f"../shared/data not found at {SHARED}; nothing to benchmark", file=sys.stderr)
         return 2
-    n_kv, n_busi, repeats = (20, 5, 1) if args.quick else (args.pairs, args.busi, args.repeats)
+    n_kv, n_busi, repeats = (4, 1, 1) if args.quick else (args.pairs, args.busi, args.repeats)
     t0 = time.perf_counter()
     pairs = load_pairs(n_kv, n_busi)
     print(f"loaded {len(pairs)} pairs in {time.perf_counter() - t0:.1f} s")
-    bench(pairs, repeats, "native")
-    bench([(n, _resize(r), _resize(p)) for n, r, p in pairs], repeats, "352x352")
-    return 0
+    rows = bench(pairs, repeats, "native") + bench([(n, _resize(r), _resize(p)) for n, r, p in pairs], repeats,
+                                                   "352x352")
+    for r in rows:
+        print_row(r)
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
+    return 0 if all(r.equal for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from msb.evaluation.counts import (
 )
 from msb.utils.evaluation_folder import check_counts_digest, regenerate_command, unverified_note
 
-__all__ = ["COUNTS_FILENAME", "CountsReadReport", "find_counts_files", "read_counts",
+__all__ = ["COUNTS_FILENAME", "OPTIONAL_COLUMNS", "CountsReadReport", "find_counts_files", "read_counts",
            "read_counts_with_report"]
 
 #: File name searched for when a folder is given.
@@ -104,9 +104,14 @@ def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> lis
     return files
 
 
-def _read_one(path: Path) -> tuple[pd.DataFrame, bool]:
-    """Read and validate one count file; return its schema columns in schema order and whether its digest
-    was verified (False: its folder has no ``digests.json``)."""
+#: Columns that :func:`read_counts_with_report` may leave unread when asked for fewer columns: they take no
+#: part in the row checks or the duplicate keys (the two SHA-256 columns alone are 128 bytes a row).
+OPTIONAL_COLUMNS: tuple[str, ...] = ("checkpoint_sha256", "config_hash", "class_name", "source", "model")
+
+
+def _read_one(path: Path, skip: frozenset[str] = frozenset()) -> tuple[pd.DataFrame, bool]:
+    """Read and validate one count file; return its schema columns in schema order (less ``skip``, a subset
+    of :data:`OPTIONAL_COLUMNS`) and whether its digest was verified (False: no ``digests.json``)."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -114,16 +119,19 @@ def _read_one(path: Path) -> tuple[pd.DataFrame, bool]:
     verified = check_counts_digest(path, data)
     fix = regenerate_command(path.parent)
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        table = pq.read_table(pa.BufferReader(data), columns=None if not skip else
+                              [c for c in pq.read_schema(pa.BufferReader(data)).names if c not in skip])
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
         raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); the file is damaged or "
                        f"not a {COUNTS_FILENAME} written by the msb evaluator; regenerate it with: {fix}") from None
-    missing = [c for c in COUNTS_COLUMNS if c not in table.column_names]
+    missing = [c for c in COUNTS_COLUMNS if c not in table.column_names and c not in skip]
     if missing:
         raise MSBError(f"{path}: not a counts file, missing columns {missing}; rewrite it with the "
                        f"current schema: {fix}")
-    df = table.select(list(COUNTS_COLUMNS)).to_pandas()
+    df = table.select([c for c in COUNTS_COLUMNS if c not in skip]).to_pandas()
     for col, kind in COUNTS_COLUMNS.items():
+        if col in skip:
+            continue
         s = df[col]
         if s.isna().any():
             i = int(np.flatnonzero(s.isna().to_numpy())[0])
@@ -157,14 +165,23 @@ def _key_text(row: pd.Series) -> str:
 
 
 def read_counts_with_report(
-    paths: list[str | os.PathLike] | str | os.PathLike,
+    paths: list[str | os.PathLike] | str | os.PathLike, columns: list[str] | None = None,
 ) -> tuple[pd.DataFrame, CountsReadReport]:
-    """Like :func:`read_counts` but also return a :class:`CountsReadReport`."""
+    """Like :func:`read_counts` but also return a :class:`CountsReadReport`.
+
+    Args:
+        paths: as :func:`read_counts`.
+        columns: columns the caller needs; the :data:`OPTIONAL_COLUMNS` not listed are not read (columnar
+            Parquet read), every other column is read and checked as always. ``None``: all columns. When
+            some key repeats (duplicates to resolve), the files are read again in full so that exact and
+            conflicting duplicates are told apart on every column.
+    """
+    skip = frozenset(c for c in OPTIONAL_COLUMNS if columns is not None and c not in columns)
     files = find_counts_files(paths)
     frames = []
     unverified: list[Path] = []
     for i, f in enumerate(files):
-        df, verified = _read_one(f)
+        df, verified = _read_one(f, skip)
         if not verified and f.parent not in unverified:
             unverified.append(f.parent)
         df["_file"] = i
@@ -172,13 +189,22 @@ def read_counts_with_report(
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     n_read = len(df)
 
-    cols = list(COUNTS_COLUMNS)
-    exact = df.duplicated(subset=cols, keep="first").to_numpy()
-    n_dup = int(exact.sum())
-    if n_dup:
-        df = df.loc[~exact].reset_index(drop=True)
+    cols = [c for c in COUNTS_COLUMNS if c not in skip]
+    # an exact duplicate is also a key duplicate: compare all columns only among rows whose key repeats
+    # (one 7-column pass instead of a 25-column one when nothing repeats, the usual case)
+    key_dup = df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy()
+    n_dup = 0
+    if key_dup.any() and skip:
+        return read_counts_with_report(paths)
+    if key_dup.any():
+        exact = np.zeros(len(df), dtype=bool)
+        exact[key_dup] = df.loc[key_dup].duplicated(subset=cols, keep="first").to_numpy()
+        n_dup = int(exact.sum())
+        if n_dup:
+            df = df.loc[~exact].reset_index(drop=True)
 
-    conflict = df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy()
+    conflict = (df.duplicated(subset=list(KEY_COLUMNS), keep=False).to_numpy() if key_dup.any()
+                else np.zeros(len(df), dtype=bool))
     if conflict.any():
         bad = df.loc[conflict]
         n_keys = int(bad.drop_duplicates(subset=list(KEY_COLUMNS)).shape[0])

@@ -20,9 +20,20 @@ Modules:
 
 from __future__ import annotations
 
-from msb.audit.core import AuditConfig, AuditResult, run_audit
-from msb.audit.curate import apply_decisions, cluster_decisions, groups_from_clusters, read_decisions
-from msb.audit.report import write_audit
+import importlib
+
+# Lazy (PEP 562): ``import msb.audit.hashing`` in a spawned hashing worker must not load core/report/curate
+# (pandas, scipy, openpyxl: ~2.8 s per worker measured, docs/performance.md).
+_EXPORTS = {"AuditConfig": "core", "AuditResult": "core", "run_audit": "core", "write_audit": "report",
+            "apply_decisions": "curate", "read_decisions": "curate", "cluster_decisions": "curate",
+            "groups_from_clusters": "curate"}
 
 __all__ = ["AuditConfig", "AuditResult", "run_audit", "write_audit", "apply_decisions", "read_decisions",
            "cluster_decisions", "groups_from_clusters"]
+
+
+def __getattr__(name: str):
+    """Import the public names of the package on first use."""
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"msb.audit.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'msb.audit' has no attribute {name!r}")

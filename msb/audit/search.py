@@ -7,6 +7,11 @@ a 256-entry byte lookup table otherwise) and the positions with ``d <= k`` are k
 comparisons but at numpy speed (no Python loop per pair); memory is ``O(B * N)``. Blocks run in ``workers``
 threads (numpy releases the GIL inside these ufuncs).
 
+When ``faiss`` (package ``faiss-cpu``) is importable, :func:`pairs_within` uses its exhaustive binary index
+instead (``faiss.IndexBinaryFlat`` range search, Johnson, Douze & Jégou 2019, "Billion-scale similarity search
+with GPUs"; SIMD popcount over the packed codes, OpenMP threads): the same pairs and distances, measured
+3-5x faster at 50,000 hashes (``docs/performance.md``). The NumPy path above is the fallback.
+
 Clusters: the relation "linked by a candidate pair" is closed transitively (single linkage) with
 ``scipy.sparse.csgraph.connected_components``, which gives the same partition as union-find.
 """
@@ -19,6 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+
+try:  # optional accelerator (faiss-cpu); the NumPy path below is the fallback
+    import faiss as _faiss
+except ImportError:  # pragma: no cover - depends on the environment
+    _faiss = None
+
+HAS_FAISS = _faiss is not None
+#: Queries per faiss range search call (bounds the memory of one call's result lists).
+_FAISS_QUERIES = 65_536
 
 _BYTE_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
 HAS_BITWISE_COUNT = hasattr(np, "bitwise_count")
@@ -45,27 +59,36 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return popcount64(np.bitwise_xor(np.asarray(a, dtype=np.uint64), np.asarray(b, dtype=np.uint64)))
 
 
-def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1
+def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1, backend: str = "auto"
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All pairs ``i < j`` with ``hamming(hashes[i], hashes[j]) <= k``.
 
     Args:
         hashes: ``(N,)`` ``uint64``.
         k: maximum Hamming distance (0..64).
-        block: rows per block (memory ``~ 10 * block * N`` bytes per worker).
-        workers: threads.
+        block: rows per block of the NumPy path (memory ``~ 10 * block * N`` bytes per worker).
+        workers: threads (NumPy blocks, or faiss's OpenMP threads).
+        backend: ``"auto"`` (faiss when installed, else NumPy), ``"faiss"`` or ``"numpy"``; both give the
+            same result.
 
     Returns:
         ``(i, j, d)``: ``int64``, ``int64``, ``uint8`` arrays sorted by ``(i, j)``.
 
     Raises:
-        ValueError: ``k`` outside 0..64, ``block`` or ``workers`` < 1.
+        ValueError: ``k`` outside 0..64, ``block`` or ``workers`` < 1, unknown backend, ``"faiss"`` asked
+            for but not installed.
     """
     h = np.ascontiguousarray(hashes, dtype=np.uint64).ravel()
     if not 0 <= int(k) <= 64:
         raise ValueError(f"k must be in 0..64, got {k}")
     if block < 1 or workers < 1:
         raise ValueError("block and workers must be >= 1")
+    if backend not in ("auto", "faiss", "numpy"):
+        raise ValueError(f"backend must be 'auto', 'faiss' or 'numpy', got {backend!r}")
+    if backend == "faiss" and not HAS_FAISS:
+        raise ValueError("backend 'faiss' needs the faiss-cpu package: pip install faiss-cpu")
+    if backend != "numpy" and HAS_FAISS:
+        return _pairs_faiss(h, int(k), workers)
     n = len(h)
     local = threading.local()
 
@@ -100,6 +123,34 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1
             parts = list(ex.map(run, starts))
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8)
+    i = np.concatenate([p[0] for p in parts])
+    j = np.concatenate([p[1] for p in parts])
+    d = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((j, i))
+    return i[order], j[order], d[order]
+
+
+def _pairs_faiss(h: np.ndarray, k: int, workers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`pairs_within` through ``faiss.IndexBinaryFlat.range_search`` (returns distances ``< radius``,
+    hence ``radius = k + 1``); queries in chunks of :data:`_FAISS_QUERIES`, pairs ``j > i`` kept."""
+    n = len(h)
+    if n < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.uint8)
+    codes = h.view(np.uint8).reshape(n, 8)  # Hamming distance does not depend on the byte order
+    index = _faiss.IndexBinaryFlat(64)
+    index.add(codes)
+    before = _faiss.omp_get_max_threads()
+    _faiss.omp_set_num_threads(workers)
+    parts = []
+    try:
+        for start in range(0, n, _FAISS_QUERIES):
+            stop = min(start + _FAISS_QUERIES, n)
+            lims, dist, ids = index.range_search(codes[start:stop], k + 1)
+            q = np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(lims).astype(np.int64))
+            keep = ids > q
+            parts.append((q[keep], ids[keep].astype(np.int64), dist[keep].astype(np.uint8)))
+    finally:
+        _faiss.omp_set_num_threads(before)
     i = np.concatenate([p[0] for p in parts])
     j = np.concatenate([p[1] for p in parts])
     d = np.concatenate([p[2] for p in parts])
@@ -153,4 +204,4 @@ def naive_pairs(hashes: list, k: int) -> list[tuple[int, int, int]]:
 
 
 __all__ = ["popcount64", "hamming", "pairs_within", "exact_labels", "component_labels", "first_occurrence_labels",
-           "naive_pairs", "HAS_BITWISE_COUNT"]
+           "naive_pairs", "HAS_BITWISE_COUNT", "HAS_FAISS"]

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import errno
 import shutil
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -205,6 +207,10 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     return EvaluationResult(role, out_dir / "counts.parquet", out_dir / "predictions", metrics_path, n, rec.sha256)
 
 
+#: Prediction files that may wait for the background writer (bounds the memory of queued arrays).
+_PENDING = 8
+
+
 def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                    config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
                    ids: list[str], classes: list, model: torch.nn.Module, device: torch.device, use_amp: bool,
@@ -220,42 +226,62 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     # the counts' semantics column records min-max normalisation, so reaggregation refuses to pool it
     on_recorded = "minmax_probability" if cfg.evaluation.test_time_normalisation == "minmax" else on
     index = ds.index.set_index("sample_id")
+    source_of = index["source"].to_dict() if "source" in index.columns else {}  # per-image lookups, not .loc
     context = {"dataset": external.name if external is not None else cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
                "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": checkpoint_sha256,
                "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded}
-    frames = []
+    per_image: list[dict[str, np.ndarray]] = []
+    done_ids: list[str] = []
+    heights: list[int] = []
+    widths: list[int] = []
     class_ids = np.array([c.class_id for c in classes], dtype=np.int64)
-    with torch.no_grad():
-        for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
-            with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_amp):
-                x = x.to(device)
-                if cfg.train.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                logits_small = model.predict_logits(x)
-            logits_small = logits_small.float()
-            for k, i in enumerate(idx.tolist()):
-                sid = ids[i]
-                row = index.loc[sid]
-                mpath = ds.mask_path(sid)
-                ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
-                if external is not None:
-                    ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
-                h, w = ref.shape[-2:]
-                logits = F.interpolate(logits_small[k: k + 1], size=(h, w), mode="bilinear",
-                                       align_corners=False)[0]
-                logits = model.adjust_test_logits(logits[None])[0]  # e.g. SANet's PCS; identity by default
-                prob = apply_normalisation(torch.sigmoid(logits), cfg.evaluation.test_time_normalisation)
-                pred = (prob >= thr) if on == "probability" else (logits >= thr)
-                pred_np = pred.cpu().numpy()
-                counts = compute_confusion_counts(pred_np[None], ref[None])
-                frames.append(counts_rows(context, counts, image_ids=[sid], class_ids=class_ids,
-                                          class_names=[c.name for c in classes], heights=h, widths=w,
-                                          sources=str(row.get("source", "") or "")))
-                prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
-                           if cfg.evaluation.save_probabilities else None)
-                write_prediction_file(pred_dir, sid, pred_np, ref, ds.spacing(sid), class_ids, prob_u8)
-                fault_point("evaluate.prediction")
-    finish_evaluation_folder(out_dir, frames, lambda d: write_prediction_semantics(d, cfg, model),
+    # prediction files are deflate-compressed by one background thread (zlib releases the GIL), overlapping the
+    # next images' forward pass; at most _PENDING files wait, and every write has finished (its error raised
+    # here) before counts.parquet is written
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msb-npz")
+    pending: deque[Future] = deque()
+    try:
+        with torch.no_grad():
+            for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
+                with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_amp):
+                    x = x.to(device)
+                    if cfg.train.channels_last:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                    logits_small = model.predict_logits(x)
+                logits_small = logits_small.float()
+                for k, i in enumerate(idx.tolist()):
+                    sid = ids[i]
+                    mpath = ds.mask_path(sid)
+                    ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
+                    if external is not None:
+                        ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
+                    h, w = ref.shape[-2:]
+                    logits = F.interpolate(logits_small[k: k + 1], size=(h, w), mode="bilinear",
+                                           align_corners=False)[0]
+                    logits = model.adjust_test_logits(logits[None])[0]  # e.g. SANet's PCS; identity by default
+                    prob = apply_normalisation(torch.sigmoid(logits), cfg.evaluation.test_time_normalisation)
+                    pred = (prob >= thr) if on == "probability" else (logits >= thr)
+                    pred_np = pred.cpu().numpy()
+                    per_image.append(compute_confusion_counts(pred_np[None], ref[None]))
+                    done_ids.append(sid)
+                    heights.append(h)
+                    widths.append(w)
+                    prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
+                               if cfg.evaluation.save_probabilities else None)
+                    pending.append(writer.submit(write_prediction_file, pred_dir, sid, pred_np, ref, ds.spacing(sid),
+                                                 class_ids, prob_u8))
+                    while len(pending) > _PENDING or (pending and pending[0].done()):
+                        pending.popleft().result()
+                    fault_point("evaluate.prediction")
+        while pending:
+            pending.popleft().result()
+    finally:
+        writer.shutdown(wait=True, cancel_futures=True)
+    counts = {c: np.concatenate([m[c] for m in per_image]) for c in per_image[0]}
+    frame = counts_rows(context, counts, image_ids=done_ids, class_ids=class_ids,
+                        class_names=[c.name for c in classes], heights=heights, widths=widths,
+                        sources=[str(source_of.get(s, "") or "") for s in done_ids])
+    finish_evaluation_folder(out_dir, [frame], lambda d: write_prediction_semantics(d, cfg, model),
                              cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None,
                              evaluate_command(run_dir, role, external.name if external is not None else None))
     return len(ids)

@@ -257,6 +257,20 @@ def test_conflicting_duplicates_are_refused(tmp_path, counts_file):
     assert str(counts_file) in str(e.value)
 
 
+def test_columnar_read_skips_optional_columns_but_not_checks_or_conflicts(tmp_path, counts_file):
+    df, _ = read_counts_with_report([counts_file], columns=["model"])
+    assert "checkpoint_sha256" not in df.columns and "source" not in df.columns and "model" in df.columns
+    pd.testing.assert_frame_equal(reaggregate(df), reaggregate(read_counts(counts_file)))
+    # same key, rows differing only in an unread column: still a conflict (the files are re-read in full)
+    other_df = make_counts()
+    other_df["checkpoint_sha256"] = "f" * 64
+    other = write_counts(other_df, tmp_path / "stale" / "counts.parquet")
+    with pytest.raises(MSBError, match=r"conflicting duplicate.*'checkpoint_sha256'"):
+        read_counts_with_report([counts_file, other], columns=["model"])
+    df2, report = read_counts_with_report([counts_file, counts_file], columns=["model"])
+    assert report.n_duplicates_dropped == 6 and len(df2) == 6
+
+
 def test_missing_path(tmp_path):
     with pytest.raises(MSBError, match=r"nope\.parquet: counts file not found"):
         read_counts([tmp_path / "nope.parquet"])

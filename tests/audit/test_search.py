@@ -35,11 +35,14 @@ def planted_hashes(n: int, seed: int) -> np.ndarray:
     return h
 
 
-@pytest.mark.parametrize("block,workers", [(1, 1), (7, 1), (64, 2), (1000, 1)])
-def test_pairs_within_matches_python_loop(block: int, workers: int) -> None:
+@pytest.mark.parametrize("block,workers,backend", [(1, 1, "numpy"), (7, 1, "numpy"), (64, 2, "numpy"),
+                                                   (1000, 1, "numpy"), (256, 1, "faiss"), (256, 2, "faiss")])
+def test_pairs_within_matches_python_loop(block: int, workers: int, backend: str) -> None:
+    if backend == "faiss" and not search.HAS_FAISS:
+        pytest.skip("faiss-cpu not installed: the faiss backend is not tested")
     h = planted_hashes(300, 0)
     ref = python_pairs([int(v) for v in h], 6)
-    i, j, d = pairs_within(h, 6, block=block, workers=workers)
+    i, j, d = pairs_within(h, 6, block=block, workers=workers, backend=backend)
     assert set(zip(i.tolist(), j.tolist(), d.tolist())) == ref
     assert len(i) == len(ref) >= 40  # planted ones found (random pairs at <= 6 bits are ~1e-11 likely)
     assert np.all(i < j) and list(zip(i, j)) == sorted(zip(i, j))
@@ -52,18 +55,24 @@ def test_popcount_and_lookup_table_fallback(monkeypatch) -> None:
     monkeypatch.setattr(search, "HAS_BITWISE_COUNT", False)
     assert search.popcount64(vals).tolist() == expected
     h = planted_hashes(120, 3)
-    i, j, d = search.pairs_within(h, 4, block=16)
+    i, j, d = search.pairs_within(h, 4, block=16, backend="numpy")
     assert set(zip(i.tolist(), j.tolist(), d.tolist())) == python_pairs([int(v) for v in h], 4)
     assert hamming(np.uint64(0b1011), np.uint64(0b0110)) == 3
 
 
-def test_pairs_within_edge_cases() -> None:
-    assert [len(x) for x in pairs_within(np.zeros(0, np.uint64), 3)] == [0, 0, 0]
-    assert [len(x) for x in pairs_within(np.array([5], np.uint64), 3)] == [0, 0, 0]
-    i, j, d = pairs_within(np.array([7, 7, 7], np.uint64), 0)
+@pytest.mark.parametrize("backend", ["numpy", "auto"])
+def test_pairs_within_edge_cases(backend: str) -> None:
+    assert [len(x) for x in pairs_within(np.zeros(0, np.uint64), 3, backend=backend)] == [0, 0, 0]
+    assert [len(x) for x in pairs_within(np.array([5], np.uint64), 3, backend=backend)] == [0, 0, 0]
+    i, j, d = pairs_within(np.array([7, 7, 7], np.uint64), 0, backend=backend)
     assert list(zip(i, j, d)) == [(0, 1, 0), (0, 2, 0), (1, 2, 0)]
+    # distance exactly k is in, k + 1 out (faiss range search is strict: radius k + 1)
+    i, j, d = pairs_within(np.array([0, 0xFF, 0x1FF], np.uint64), 8, backend=backend)
+    assert list(zip(i.tolist(), j.tolist(), d.tolist())) == [(0, 1, 8), (1, 2, 1)]
     with pytest.raises(ValueError):
         pairs_within(np.array([1, 2], np.uint64), 65)
+    with pytest.raises(ValueError):
+        pairs_within(np.array([1, 2], np.uint64), 3, backend="annoy")
 
 
 def test_naive_imagehash_loop_agrees(tmp_path: Path, helpers) -> None:
