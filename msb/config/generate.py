@@ -118,8 +118,17 @@ def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> No
     from msb.models.registry import architecture_class  # models import torch: only when generating
 
     arch_file = prov.get(("model", "arch"), prov.get(("model",), default_file))
-    cls = architecture_class(cfg.model.arch, f"{arch_file}: key 'model.arch'")
-    div = int(getattr(cls, "size_divisor", 1) or 1)
+    if cfg.model.target:  # a user model (msb.models.user): its class says its divisor, 32 when silent
+        from msb.models.user import target_size_divisor
+
+        target_file = prov.get(("model", "target"), arch_file)
+        try:
+            div = target_size_divisor(cfg.model.target)
+        except MSBError as exc:
+            raise MSBError(f"{target_file}: {exc}") from exc
+    else:
+        cls = architecture_class(cfg.model.arch, f"{arch_file}: key 'model.arch'")
+        div = int(getattr(cls, "size_divisor", 1) or 1)
     h, w = cfg.data.input_size
     if h % div or w % div:
         size_file = prov.get(("data", "input_size"), prov.get(("data",), default_file))

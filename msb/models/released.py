@@ -149,7 +149,8 @@ def official_to_ours(arch: str, sd: dict[str, torch.Tensor], model: "Segmentor",
 
 
 def load_released(model: "Segmentor", path: str | Path, arch: str) -> None:
-    """Load the whole-model checkpoint ``path`` (official names or ours) into ``model`` strictly.
+    """Load the whole-model checkpoint ``path`` into ``model`` strictly: official names or ours for the
+    architectures of :data:`RULES`, our names (``model.state_dict()``) for any other.
 
     Missing ``*.num_batches_tracked`` buffers (files written before PyTorch 0.4.1) are accepted and set to 0, as
     :meth:`torch.nn.Module.load_state_dict` does.
@@ -159,4 +160,8 @@ def load_released(model: "Segmentor", path: str | Path, arch: str) -> None:
             the file and listing the missing, unexpected and mis-shaped keys (first 10 of each, with counts).
     """
     sd = read_state_dict(path, what="checkpoint")
-    check_and_load(model, official_to_ours(arch, sd, model, source=str(path)), path)
+    if arch in RULES:
+        sd = official_to_ours(arch, sd, model, source=str(path))
+    else:  # another architecture or a user model: our own names only
+        sd = remove_prefixes(sd, ("module.",))
+    check_and_load(model, sd, path)
