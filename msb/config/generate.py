@@ -7,8 +7,8 @@ A study file names datasets x architectures and overrides::
     architectures: [unet_r18]       # configs/architectures/unet_r18.yaml
     overrides: {train: {epochs: 9}}  # applied last
 
-Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> study ``overrides`` (deep merge, later
-wins). The configs root is ``configs_root`` if given (relative to the study file), else the nearest folder
+Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> (with ``recipe: official``)
+``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is ``configs_root`` if given (relative to the study file), else the nearest folder
 above the study file that holds ``global.yaml``. Each run config is validated with
 :class:`msb.config.schema.RunConfig` and hashed: SHA-256 of the canonical JSON of the validated config.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import Field
@@ -42,6 +42,8 @@ class StudySpec(StrictModel):
     datasets: list[str] = Field(min_length=1)
     architectures: list[str] = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # ``official``: layer configs/architectures/official/<arch>.yaml after the architecture (docs/models.md)
+    recipe: Literal["controlled", "official"] = "controlled"
     # study-level keys (msb/study, docs/studies.md); absent = one plain run per dataset x architecture
     search: Optional[SearchSpec] = None
     cross_validation: Optional[CrossValidationSpec] = None
@@ -156,9 +158,17 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
             arch_layer = load_layer(root / "architectures" / f"{arch}.yaml")
             check_keys(arch_layer.data, RunConfig, str(root / "architectures" / f"{arch}.yaml"),
                        arch_layer.provenance)
+            layers = [ds_layer, arch_layer]
+            if spec.recipe == "official":
+                official = root / "architectures" / "official" / f"{arch}.yaml"
+                if not official.is_file():
+                    raise MSBError(f"{study_path}: recipe: official needs {official} (an overlay reproducing the "
+                                   f"official scripts of '{arch}'); none exists, use recipe: controlled")
+                layers.append(load_layer(official))
+                check_keys(layers[-1].data, RunConfig, str(official), layers[-1].provenance)
             prov: Provenance = dict(glob.provenance)
             merged = deep_merge({}, glob.data)
-            for layer in (ds_layer, arch_layer):
+            for layer in layers:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
@@ -167,6 +177,7 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                       if v is not None}
                 merged = deep_merge(merged, {"evaluation": ev} if ev else {}, f"{study_path} (final)", prov)
             merged["study"] = spec.study
+            merged["recipe"] = spec.recipe
             if spec.run_root is not None:
                 merged["run_root"] = spec.run_root
             cfg = validate_layers(merged, RunConfig, prov, str(study_path))

@@ -241,19 +241,14 @@ class TrainConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    """Checkpoint policy: ``best`` is selected on ``selection_split`` (never ``test``) by ``metric``
-    (image-macro Dice or IoU at the evaluation threshold, on the training resolution)."""
+    """Checkpoint policy: ``best`` is selected on ``selection_split`` by ``metric`` (image-macro Dice or IoU at
+    the evaluation threshold, on the training resolution). ``test`` is refused unless ``recipe: official``
+    (:class:`RunConfig`), which reproduces the official scripts that select on the test sets."""
 
     metric: Literal["dice", "iou", "loss"] = "dice"
     selection_split: str = "val"
     save: list[Literal["best", "latest"]] = Field(default_factory=lambda: ["best", "latest"])
 
-    @field_validator("selection_split")
-    @classmethod
-    def _no_test_selection(cls, v: str) -> str:
-        if v.strip().lower() == "test":
-            raise ValueError("selecting a checkpoint on the split named 'test' leaks the test set; use 'val'")
-        return v
 
 
 class EvaluationConfig(StrictModel):
@@ -283,9 +278,16 @@ class EvaluationConfig(StrictModel):
 
 
 class RunConfig(StrictModel):
-    """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``."""
+    """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``.
+
+    ``recipe``: ``controlled`` (default: the protocol msb recommends) or ``official`` (the overlay
+    ``configs/architectures/official/<arch>.yaml`` reproducing the official training and test scripts; the only
+    recipe under which ``checkpoint.selection_split: test`` is allowed, and the report flags it). Left out of
+    ``config.yaml`` (and the hash) while ``controlled``.
+    """
 
     study: str = "default"
+    recipe: Literal["controlled", "official"] = "controlled"
     run_root: str = "runs"
     random_seed: int = 0
     full_determinism: bool = False
@@ -297,4 +299,19 @@ class RunConfig(StrictModel):
     # completion notifications (msb/config/notifications_schema.py, docs/notifications.md); exclude=True keeps
     # them out of config.yaml and the config hash: where a message goes does not change what a run computes
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
+
+    @model_validator(mode="after")
+    def _test_selection_only_official(self) -> "RunConfig":
+        if self.checkpoint.selection_split.strip().lower() == "test" and self.recipe != "official":
+            raise ValueError("checkpoint.selection_split: selecting a checkpoint on the split named 'test' leaks "
+                             "the test set; use 'val' (only recipe: official reproduces scripts that do it)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_controlled_recipe(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``recipe`` while ``controlled`` (config hashes of existing studies stay)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("recipe") == "controlled":
+            data.pop("recipe", None)
+        return data
 
