@@ -42,12 +42,17 @@ def _load_builtins() -> None:
     _load_entry_points()
 
 
+def _user_entry_points() -> list:
+    """The installed entry points of the group ``msb.models``."""
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group="msb.models"))
+
+
 def _load_entry_points() -> None:
     """Register the user models of the entry point group ``msb.models`` (``name = "pkg.module:Class"`` in a
     package's metadata), each under its entry point name, wrapped by :func:`msb.models.user.wrap_user_model`."""
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="msb.models"):
+    for ep in _user_entry_points():
         if ep.name not in _REGISTRY:
             from msb.models.user import entry_point_adapter
 
