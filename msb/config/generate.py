@@ -8,9 +8,10 @@ A study file names datasets x architectures and overrides::
     overrides: {train: {epochs: 9}}  # applied last
 
 Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> (with ``recipe: official``)
-``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is ``configs_root`` if given (relative to the study file), else the nearest folder
-above the study file that holds ``global.yaml``. Each run config is validated with
-:class:`msb.config.schema.RunConfig` and hashed: SHA-256 of the canonical JSON of the validated config.
+``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is
+``configs_root`` if given (relative to the study file), else the nearest folder above the study file that
+holds ``global.yaml``. Each run config is validated with :class:`msb.config.schema.RunConfig` and hashed:
+SHA-256 of the canonical JSON of the validated config.
 """
 
 from __future__ import annotations

@@ -71,8 +71,9 @@ def imagenet_files(arch: str, encoder: Optional[str] = None) -> list[WeightFile]
                            f"use a local file (encoder_weights: PATH) or none")
         return [WeightFile(settings["repo_id"], settings.get("revision"), f, "smp", name)
                 for f in ("config.json", "model.safetensors")]
-    raise MSBError(f"model.encoder_weights: imagenet is known for {', '.join(sorted([*_ARCH_BACKBONE, *_SMP_DEFAULT]))}, "
-                   f"not '{arch}'; use a local file (encoder_weights: PATH) or none")
+    known = ", ".join(sorted([*_ARCH_BACKBONE, *_SMP_DEFAULT]))
+    raise MSBError(f"model.encoder_weights: imagenet is known for {known}, not '{arch}'; use a local file "
+                   f"(encoder_weights: PATH) or none")
 
 
 def cache_dir() -> Path:

@@ -129,7 +129,7 @@ def official_to_ours(arch: str, sd: dict[str, torch.Tensor], model: "Segmentor",
         m = _REL_POS.match(k)
         if m:
             own = buffers.get(f"decoder.gcb{m.group(1)}.relative_pos")
-            if own is not None and tuple(own.shape) != tuple(v.squeeze(0).shape) and tuple(own.shape) != tuple(v.shape):
+            if own is not None and tuple(own.shape) not in (tuple(v.shape), tuple(v.squeeze(0).shape)):
                 raise MSBError(f"{source}: {k} has shape {tuple(v.shape)}, ours {tuple(own.shape)}: the file was "
                                f"trained at another input size; set model.params.img_size (and data.input_size) "
                                f"to the size it was trained at")

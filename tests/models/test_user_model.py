@@ -69,7 +69,8 @@ def test_target_wrapped_by_the_adapter(user_pkg: Path):
     assert m.size_divisor == 4 and sum(p.numel() for p in m.parameters()) == 3 * 2 * 9 + 2 + 2 * 1 + 1
     with pytest.raises(MSBError, match=r"model.params: my_user_pkg.nets:TwoHeads does not accept"):
         build_model(ModelConfig(arch="x", target="my_user_pkg.nets:TwoHeads", params={"depth": 3}), 1)
-    with pytest.raises(MSBError, match=r"model.target: cannot import module 'no_such_pkg.nets' .*No module named 'no_such_pkg'.*PYTHONPATH"):
+    with pytest.raises(MSBError, match=r"model.target: cannot import module 'no_such_pkg.nets' .*No module named "
+                                       r"'no_such_pkg'.*PYTHONPATH"):
         build_model(ModelConfig(arch="x", target="no_such_pkg.nets:Net"), 1)
 
 
