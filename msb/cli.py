@@ -367,6 +367,7 @@ def list_models() -> None:
 
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
 import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
+import msb.cli_weights  # noqa: E402,F401 - registers ``msb weights list|fetch``
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:

@@ -255,7 +255,8 @@ def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: p
 
     Returns:
         Items in order: HD95 reported, recall reported, split protocol stated, external test set, significance
-        tested, uncertainty (CIs) reported.
+        tested, uncertainty (CIs) reported, checkpoint selected without the test split (``recipe: official``
+        may select on it).
     """
     items = []
     run_ids = sorted(set(counts["run_id"].astype(str)))
@@ -341,4 +342,19 @@ def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: p
         "Uncertainty (confidence intervals) reported", n_boot > 0,
         f"image-level percentile bootstrap, {n_boot} replicates" if n_boot > 0
         else "bootstrap disabled (0 replicates)"))
+    items.append(_test_selection_item(runs))
     return items
+
+
+def _test_selection_item(runs: Sequence[RunInfo]) -> ChecklistItem:
+    """FAIL when a run selected a checkpoint on the split named ``test`` (only ``recipe: official`` allows it, to
+    reproduce official scripts that do; the evidence names those runs and their recipe)."""
+    on_test = []
+    for r in runs:
+        for role, rec in sorted(r.records.items()):
+            if isinstance(rec, dict) and str(rec.get("selection_split", "")).strip().lower() == "test":
+                on_test.append(f"{r.run_id} ({role}, recipe: {r.config.get('recipe', 'controlled')})")
+    return ChecklistItem(
+        "Checkpoint selected without the test split", not on_test,
+        ("selected ON THE TEST SPLIT (scores on it are optimistic): " + "; ".join(on_test)) if on_test
+        else f"every recorded checkpoint of {len(runs)} run(s) selected on a split other than 'test'")

@@ -7,17 +7,18 @@ A study file names datasets x architectures and overrides::
     architectures: [unet_r18]       # configs/architectures/unet_r18.yaml
     overrides: {train: {epochs: 9}}  # applied last
 
-Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> study ``overrides`` (deep merge, later
-wins). The configs root is ``configs_root`` if given (relative to the study file), else the nearest folder
-above the study file that holds ``global.yaml``. Each run config is validated with
-:class:`msb.config.schema.RunConfig` and hashed: SHA-256 of the canonical JSON of the validated config.
+Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> (with ``recipe: official``)
+``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is
+``configs_root`` if given (relative to the study file), else the nearest folder above the study file that
+holds ``global.yaml``. Each run config is validated with :class:`msb.config.schema.RunConfig` and hashed:
+SHA-256 of the canonical JSON of the validated config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import Field
@@ -42,6 +43,8 @@ class StudySpec(StrictModel):
     datasets: list[str] = Field(min_length=1)
     architectures: list[str] = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # ``official``: layer configs/architectures/official/<arch>.yaml after the architecture (docs/models.md)
+    recipe: Literal["controlled", "official"] = "controlled"
     # study-level keys (msb/study, docs/studies.md); absent = one plain run per dataset x architecture
     search: Optional[SearchSpec] = None
     cross_validation: Optional[CrossValidationSpec] = None
@@ -118,8 +121,17 @@ def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> No
     from msb.models.registry import architecture_class  # models import torch: only when generating
 
     arch_file = prov.get(("model", "arch"), prov.get(("model",), default_file))
-    cls = architecture_class(cfg.model.arch, f"{arch_file}: key 'model.arch'")
-    div = int(getattr(cls, "size_divisor", 1) or 1)
+    if cfg.model.target:  # a user model (msb.models.user): its class says its divisor, 32 when silent
+        from msb.models.user import target_size_divisor
+
+        target_file = prov.get(("model", "target"), arch_file)
+        try:
+            div = target_size_divisor(cfg.model.target)
+        except MSBError as exc:
+            raise MSBError(f"{target_file}: {exc}") from exc
+    else:
+        cls = architecture_class(cfg.model.arch, f"{arch_file}: key 'model.arch'")
+        div = int(getattr(cls, "size_divisor", 1) or 1)
     h, w = cfg.data.input_size
     if h % div or w % div:
         size_file = prov.get(("data", "input_size"), prov.get(("data",), default_file))
@@ -147,9 +159,17 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
             arch_layer = load_layer(root / "architectures" / f"{arch}.yaml")
             check_keys(arch_layer.data, RunConfig, str(root / "architectures" / f"{arch}.yaml"),
                        arch_layer.provenance)
+            layers = [ds_layer, arch_layer]
+            if spec.recipe == "official":
+                official = root / "architectures" / "official" / f"{arch}.yaml"
+                if not official.is_file():
+                    raise MSBError(f"{study_path}: recipe: official needs {official} (an overlay reproducing the "
+                                   f"official scripts of '{arch}'); none exists, use recipe: controlled")
+                layers.append(load_layer(official))
+                check_keys(layers[-1].data, RunConfig, str(official), layers[-1].provenance)
             prov: Provenance = dict(glob.provenance)
             merged = deep_merge({}, glob.data)
-            for layer in (ds_layer, arch_layer):
+            for layer in layers:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
@@ -158,6 +178,7 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                       if v is not None}
                 merged = deep_merge(merged, {"evaluation": ev} if ev else {}, f"{study_path} (final)", prov)
             merged["study"] = spec.study
+            merged["recipe"] = spec.recipe
             if spec.run_root is not None:
                 merged["run_root"] = spec.run_root
             cfg = validate_layers(merged, RunConfig, prov, str(study_path))

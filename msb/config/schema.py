@@ -113,16 +113,33 @@ class DataConfig(StrictModel):
 
 
 class ModelConfig(StrictModel):
-    """Architecture: ``arch`` is a registry name (``msb.models.available_architectures()``).
+    """Architecture: ``arch`` is a registry name (``msb.models.available_architectures()``), a name of the entry
+    point group ``msb.models``, or, with ``target``, a free label of a user model.
 
-    ``encoder_weights`` is ``None`` (random init, the default: nothing is ever downloaded) or a path to a local
-    ``.pth``/``.pt``/``.safetensors`` state dict of the encoder. ``params`` go to the adapter's constructor.
+    ``encoder_weights`` is ``None`` (random init, the default), ``imagenet`` (the library's ImageNet weights via
+    timm/smp's own Hugging Face download and cache, ``msb weights fetch``) or a path to a local
+    ``.pth``/``.pt``/``.safetensors`` state dict of the encoder. ``checkpoint`` is a whole-model state dict (our
+    names, or an official release of a polyp adapter: ``msb.models.released``) loaded after building.
+    ``target`` (``package.module:Name``) is an importable class or factory of a user model
+    (``msb.models.user``). ``params`` go to the adapter's (or target's) constructor.
     """
 
     arch: str
     encoder: Optional[str] = None
     encoder_weights: Optional[str] = None
+    checkpoint: Optional[str] = None
+    target: Optional[str] = None
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_new_keys(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``checkpoint`` / ``target`` while unset (config hashes of existing studies stay)."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("checkpoint", "target"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
 
     @field_validator("encoder_weights")
     @classmethod
@@ -257,19 +274,14 @@ class TrainConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    """Checkpoint policy: ``best`` is selected on ``selection_split`` (never ``test``) by ``metric``
-    (image-macro Dice or IoU at the evaluation threshold, on the training resolution)."""
+    """Checkpoint policy: ``best`` is selected on ``selection_split`` by ``metric`` (image-macro Dice or IoU at
+    the evaluation threshold, on the training resolution). ``test`` is refused unless ``recipe: official``
+    (:class:`RunConfig`), which reproduces the official scripts that select on the test sets."""
 
     metric: Literal["dice", "iou", "loss"] = "dice"
     selection_split: str = "val"
     save: list[Literal["best", "latest"]] = Field(default_factory=lambda: ["best", "latest"])
 
-    @field_validator("selection_split")
-    @classmethod
-    def _no_test_selection(cls, v: str) -> str:
-        if v.strip().lower() == "test":
-            raise ValueError("selecting a checkpoint on the split named 'test' leaks the test set; use 'val'")
-        return v
 
 
 class EvaluationConfig(StrictModel):
@@ -299,9 +311,16 @@ class EvaluationConfig(StrictModel):
 
 
 class RunConfig(StrictModel):
-    """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``."""
+    """One explicit, fully resolved run: what ``msb generate`` writes as ``config.yaml``.
+
+    ``recipe``: ``controlled`` (default: the protocol msb recommends) or ``official`` (the overlay
+    ``configs/architectures/official/<arch>.yaml`` reproducing the official training and test scripts; the only
+    recipe under which ``checkpoint.selection_split: test`` is allowed, and the report flags it). Left out of
+    ``config.yaml`` (and the hash) while ``controlled``.
+    """
 
     study: str = "default"
+    recipe: Literal["controlled", "official"] = "controlled"
     run_root: str = "runs"
     random_seed: int = 0
     full_determinism: bool = False
@@ -313,4 +332,19 @@ class RunConfig(StrictModel):
     # completion notifications (msb/config/notifications_schema.py, docs/notifications.md); exclude=True keeps
     # them out of config.yaml and the config hash: where a message goes does not change what a run computes
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
+
+    @model_validator(mode="after")
+    def _test_selection_only_official(self) -> "RunConfig":
+        if self.checkpoint.selection_split.strip().lower() == "test" and self.recipe != "official":
+            raise ValueError("checkpoint.selection_split: selecting a checkpoint on the split named 'test' leaks "
+                             "the test set; use 'val' (only recipe: official reproduces scripts that do it)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_controlled_recipe(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``recipe`` while ``controlled`` (config hashes of existing studies stay)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("recipe") == "controlled":
+            data.pop("recipe", None)
+        return data
 

@@ -1,6 +1,8 @@
-"""timm encoders used by the polyp-segmentation adapters, always created with ``pretrained=False``.
+"""timm encoders used by the polyp-segmentation adapters.
 
-Weights come only from a local file (``model.encoder_weights``: a ``.pth``/``.pt``/``.safetensors`` state dict),
+``model.encoder_weights: imagenet`` creates them with ``pretrained=True`` (timm's own Hugging Face download and
+cache, :mod:`msb.models.pretrained`; ImageNet weights of timm's ``res2net50d.in1k`` / ``pvt_v2_b2.in1k``).
+Otherwise weights come only from a local file (a ``.pth``/``.pt``/``.safetensors`` state dict),
 loaded strictly by :func:`msb.models.weights.load_local_weights` (an :class:`~msb.errors.MSBError` lists
 missing/unexpected keys). A classifier head in the file (``fc.*``, ``head.*``) is ignored; the prefixes
 ``module.``, ``backbone.`` and ``model.`` are stripped, so a timm state dict, an official one, or
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 
 from msb.errors import MSBError
+from msb.models.pretrained import IMAGENET, pretrained_guard
 from msb.models.weights import load_local_weights
 
 __all__ = ["Backbone", "build_backbone", "BACKBONES", "is_none"]
@@ -59,6 +62,10 @@ class Backbone(nn.Module):
         timm_name, channels, extra = BACKBONES[name]
         self.name = name
         self.channels = channels
+        if str(weights).strip().lower() == IMAGENET:  # timm's own download and cache (msb.models.pretrained)
+            with pretrained_guard(name):
+                self.model = timm.create_model(timm_name, pretrained=True, num_classes=0, **{**extra, **kwargs})
+            return
         self.model = timm.create_model(timm_name, pretrained=False, num_classes=0, **{**extra, **kwargs})
         if not is_none(weights):
             transform = None

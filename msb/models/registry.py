@@ -39,6 +39,24 @@ def register(name: str) -> Callable[[type], type]:
 def _load_builtins() -> None:
     for mod in _BUILTIN_MODULES:
         importlib.import_module(mod)
+    _load_entry_points()
+
+
+def _user_entry_points() -> list:
+    """The installed entry points of the group ``msb.models``."""
+    from importlib.metadata import entry_points
+
+    return list(entry_points(group="msb.models"))
+
+
+def _load_entry_points() -> None:
+    """Register the user models of the entry point group ``msb.models`` (``name = "pkg.module:Class"`` in a
+    package's metadata), each under its entry point name, wrapped by :func:`msb.models.user.wrap_user_model`."""
+    for ep in _user_entry_points():
+        if ep.name not in _REGISTRY:
+            from msb.models.user import entry_point_adapter
+
+            _REGISTRY[ep.name] = entry_point_adapter(ep.name, ep.value)
 
 
 def available_architectures() -> list[str]:
@@ -64,6 +82,22 @@ def architecture_class(name: str, where: str = "model.arch") -> type:
 
 
 def build_model(cfg: "ModelConfig", num_classes: int) -> "Segmentor":
-    """Build the registered architecture ``cfg.arch`` with ``num_classes`` output channels (foreground
-    classes; sigmoid per channel). Raises :class:`MSBError` for an unknown name (with the closest one)."""
-    return architecture_class(cfg.arch).from_config(cfg, num_classes)
+    """Build ``cfg.arch`` (or the user model ``cfg.target``) with ``num_classes`` output channels (foreground
+    classes; sigmoid per channel), then load ``cfg.checkpoint`` (whole-model weights; official releases of the
+    polyp adapters are renamed, :mod:`msb.models.released`) when set.
+
+    Raises:
+        MSBError: unknown name (with the closest one); a target that cannot be imported or built; a checkpoint
+            that is missing or does not match (missing/unexpected keys listed).
+    """
+    if cfg.target:
+        from msb.models.user import build_user_model
+
+        model = build_user_model(cfg.target, cfg, num_classes)
+    else:
+        model = architecture_class(cfg.arch).from_config(cfg, num_classes)
+    if cfg.checkpoint:
+        from msb.models.released import load_released
+
+        load_released(model, cfg.checkpoint, cfg.arch)
+    return model

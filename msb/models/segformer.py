@@ -13,6 +13,8 @@ counted (published 27.5 M).
 
 from __future__ import annotations
 
+import contextlib
+
 import segmentation_models_pytorch as smp
 import torch
 
@@ -20,6 +22,7 @@ from msb.config.schema import ModelConfig
 from msb.errors import MSBError
 from msb.models.backbones import is_none
 from msb.models.base import Segmentor, construct_adapter
+from msb.models.pretrained import IMAGENET, pretrained_guard
 from msb.models.registry import register
 from msb.models.weights import load_local_weights
 
@@ -43,9 +46,11 @@ class SegFormer(Segmentor):
                            f"got '{encoder}'")
         if decoder_segmentation_channels is None:
             decoder_segmentation_channels = 256 if encoder in ("mit_b0", "mit_b1") else 768
-        self.net = smp.Segformer(encoder_name=encoder, encoder_weights=None, classes=num_classes,
-                                 decoder_segmentation_channels=decoder_segmentation_channels)
-        if not is_none(encoder_weights):
+        imagenet = str(encoder_weights).strip().lower() == IMAGENET  # smp's own download and cache
+        with pretrained_guard("segformer", encoder) if imagenet else contextlib.nullcontext():
+            self.net = smp.Segformer(encoder_name=encoder, encoder_weights=IMAGENET if imagenet else None,
+                                     classes=num_classes, decoder_segmentation_channels=decoder_segmentation_channels)
+        if not imagenet and not is_none(encoder_weights):
             load_local_weights(self.net.encoder, encoder_weights)
 
     @classmethod

@@ -1,7 +1,8 @@
 """U-Net (Ronneberger et al., MICCAI 2015) through segmentation-models-pytorch.
 
-Encoder configurable (``model.encoder``, default ``resnet34``); ``encoder_weights`` is None (random init)
-or a local state-dict file of the encoder. Input H and W must be multiples of 32 (5-stage encoder).
+Encoder configurable (``model.encoder``, default ``resnet34``); ``encoder_weights`` is None (random init),
+``imagenet`` (smp's own download and cache, :mod:`msb.models.pretrained`) or a local state-dict file of the
+encoder. Input H and W must be multiples of 32 (5-stage encoder).
 One output (no deep supervision); test-time rule ``first``.
 """
 
@@ -12,6 +13,7 @@ import torch
 
 from msb.config.schema import ModelConfig
 from msb.models.base import Segmentor
+from msb.models.pretrained import IMAGENET, pretrained_guard
 from msb.models.registry import register
 from msb.models.weights import load_local_weights
 
@@ -28,6 +30,10 @@ class UNet(Segmentor):
     def __init__(self, num_classes: int, encoder: str = "resnet34", encoder_weights: str | None = None,
                  **params) -> None:
         super().__init__()
+        if str(encoder_weights).strip().lower() == IMAGENET:  # smp's own download and cache
+            with pretrained_guard("unet", encoder):
+                self.net = smp.Unet(encoder_name=encoder, encoder_weights=IMAGENET, classes=num_classes, **params)
+            return
         self.net = smp.Unet(encoder_name=encoder, encoder_weights=None, classes=num_classes, **params)
         if encoder_weights is not None:
             load_local_weights(self.net.encoder, encoder_weights)

@@ -122,7 +122,8 @@ def test_report_has_every_section_figure_and_checklist_item(study: Path):
     rows = dict(re.findall(r'<tr><td>([^<]+)</td><td class="(?:pass|fail)">(PASS|FAIL)</td>', html))
     assert rows == {"HD95 reported": "PASS", "Recall reported": "PASS", "Split protocol stated": "PASS",
                     "External test set": "FAIL", "Significance tested": "PASS",
-                    "Uncertainty (confidence intervals) reported": "PASS"}
+                    "Uncertainty (confidence intervals) reported": "PASS",
+                    "Checkpoint selected without the test split": "PASS"}
     assert "internal split only" in html
     # Markdown twin: every section title and every figure link resolves
     md = (out / "report.md").read_text(encoding="utf-8")
