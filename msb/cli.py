@@ -68,14 +68,29 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
         grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead."),
         wait: bool = typer.Option(False, "--wait", help="If another plain 'msb run' of this study is running, wait "
-                                  "for it to end instead of stopping.")) -> None:
+                                  "for it to end instead of stopping."),
+        nproc_per_node: int = typer.Option(0, "--nproc-per-node", min=0, help="Train every run with DDP on this many "
+                                           "processes (GPUs) of this machine, launched through torchrun "
+                                           "(docs/training.md); train.batch_size is the global batch.")) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
+    from msb.engine.distributed import init_from_env, relaunch_with_torchrun, serve, stop_followers
+
+    if nproc_per_node and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(relaunch_with_torchrun(nproc_per_node, sys.argv[1:]))
+    ctx = init_from_env()
+    if ctx is not None and not ctx.is_main:
+        from msb.engine.runner import follow_train
+
+        serve(ctx, follow_train)  # ranks > 0 train what rank 0 sends until it stops
+        return
     from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.study.pipeline import run_study
 
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
                          heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
+    if ctx is not None:  # after a failure rank 0 just exits: torchrun then stops the other ranks
+        stop_followers(ctx)
     paths = [p for o in outcomes for p in o.counts_paths]
     table = reaggregate(read_counts(paths))
     out_dir = outcomes[0].run_dir.parent

@@ -167,7 +167,7 @@ def check_keys(data: dict[str, Any], model: type[BaseModel], file: str,
     fields = model.model_fields
     for key, value in data.items():
         path = _prefix + (str(key),)
-        if key not in fields:
+        if key not in fields and key not in getattr(model, "LEGACY_KEYS", ()):  # e.g. train.amp (still read)
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{'.'.join(_prefix + (close[0],))}'?" if close else \
                 f"; valid keys here: {', '.join(sorted(fields))}"
