@@ -24,18 +24,26 @@ from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
 from msb.utils.io_errors import write_guard
 
-__all__ = ["prepare_network", "train_loader", "apply_cudnn_settings", "oom_error", "runtime_record", "write_runtime"]
+__all__ = ["OutOfDeviceMemory", "prepare_network", "train_loader", "apply_cudnn_settings", "oom_error", "runtime_record", "write_runtime"]
+
+
+class OutOfDeviceMemory(MSBError):
+    """Training ran out of GPU memory (one line naming architecture, input size, batch and precision); a study
+    records the run as excluded with this reason instead of stopping (:mod:`msb.study.pipeline`)."""
 
 
 def prepare_network(model: torch.nn.Module, cfg: RunConfig, device: torch.device,
                     dist: DistContext | None) -> torch.nn.Module:
     """The module whose forward the training step calls (``model`` itself stays the one saved and validated).
 
-    Under DDP the BatchNorm layers of ``model`` become ``SyncBatchNorm`` on CUDA (in place; same state-dict
+    On CUDA with ``train.channels_last`` the weights are stored channels-last as well (PyTorch's
+    channels-last recipe; on CPU they stay as they are, so CPU results are unchanged). Under DDP the BatchNorm layers of ``model`` become ``SyncBatchNorm`` on CUDA (in place; same state-dict
     keys) and the model is wrapped in ``DistributedDataParallel``; with ``train.compile`` the result is wrapped
     in ``torch.compile``.
     """
     net: torch.nn.Module = model
+    if device.type == "cuda" and cfg.train.channels_last:
+        model.to(memory_format=torch.channels_last)  # NHWC weights too: no layout copies in cuDNN or DDP buckets
     if dist is not None:
         if device.type == "cuda":
             torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # replaces the BatchNorm children in place
@@ -93,12 +101,12 @@ def train_loader(ds: Dataset, cfg: RunConfig, device: torch.device, seed: int, d
     return DataLoader(ds, batch_sampler=sampler, num_workers=workers, pin_memory=pin, **extra)
 
 
-def oom_error(cfg: RunConfig, run_dir: Any, precision: str, world: int, where: str) -> MSBError:
+def oom_error(cfg: RunConfig, run_dir: Any, precision: str, world: int, where: str) -> OutOfDeviceMemory:
     """The one-line error of a run that ran out of device memory (naming architecture, input size, batch)."""
     h, w = cfg.data.input_size
     bs = cfg.train.batch_size
     per = f", {bs // world} per process x {world}" if world > 1 else ""
-    return MSBError(f"{run_dir}: out of GPU memory during {where}: {cfg.model.arch} at {h}x{w} px, batch {bs}{per}, "
+    return OutOfDeviceMemory(f"{run_dir}: out of GPU memory during {where}: {cfg.model.arch} at {h}x{w} px, batch {bs}{per}, "
                     f"{precision}; lower train.batch_size or data.input_size (or use train.precision bf16/fp16)")
 
 

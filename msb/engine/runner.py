@@ -38,7 +38,7 @@ from msb.utils.io_errors import write_guard
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["RunOutcome", "ensure_split", "train_run", "evaluate_run", "write_manifest", "study_dir", "run_fold",
-           "checkpoint_roles", "follow_train"]
+           "checkpoint_roles", "follow_train", "build_trainer"]
 
 
 @dataclass
@@ -152,7 +152,7 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     if ctx is not None:  # DDP: the other ranks train this run with us (msb.engine.distributed)
         distributed.send_work(ctx, {"op": "train", "run": run, "run_dir": str(run_dir), "ds": ds,
                                     "stop_after_epoch": stop_after_epoch})
-    trainer = _trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx)
+    trainer = build_trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx)
     log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
         f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}"
         + (f", {ctx.world_size} processes ({ctx.backend}), global batch {cfg.train.batch_size}" if ctx else ""))
@@ -167,12 +167,12 @@ def follow_train(order: dict[str, Any]) -> TrainResult:
     splits = read_split_file(run_dir / "split.csv")
     lim = cfg.data.max_samples_per_split
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, no_track)
-    trainer = _trainer(run, run_dir, ds, cache, _ids(splits, "train", lim),
+    trainer = build_trainer(run, run_dir, ds, cache, _ids(splits, "train", lim),
                        _ids(splits, cfg.checkpoint.selection_split, lim), no_track, no_log, distributed.current())
     return trainer.fit(stop_after_epoch=order["stop_after_epoch"])
 
 
-def _trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: Any, train_ids: list[str],
+def build_trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: Any, train_ids: list[str],
              val_ids: list[str], track: Tracker, log: Logger, ctx: distributed.DistContext | None) -> Trainer:
     """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank)."""
     cfg = run.config

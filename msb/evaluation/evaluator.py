@@ -208,7 +208,8 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
 
 def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                    config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
-                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device, amp_dtype: torch.dtype | None,
+                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device,
+                   amp_dtype: torch.dtype | None,
                    loader: torch.utils.data.DataLoader, checkpoint_sha256: str) -> int:
     """Write the complete evaluation (predictions, counts, semantics, metrics, digests) into the empty staging
     folder ``out_dir``; return the number of images."""
@@ -228,7 +229,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     class_ids = np.array([c.class_id for c in classes], dtype=np.int64)
     with torch.no_grad():
         for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
-            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
+                                enabled=amp_dtype is not None):
                 x = x.to(device)
                 if cfg.train.channels_last:
                     x = x.contiguous(memory_format=torch.channels_last)
