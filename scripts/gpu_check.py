@@ -160,7 +160,7 @@ def section_training(a: argparse.Namespace, work: Path, data_root: Path, cuda: b
                 if flops is None:
                     flops = forward_gflops(r["model"], a.size, torch.device(dev))
                 tflops = 3 * flops * r["images_per_s"] / 1e3
-                limit = "input pipeline" if r["wait_share"] > INPUT_WAIT_LIMIT else "GPU"
+                limit = "input pipeline" if r["wait_share"] > INPUT_WAIT_LIMIT else ("GPU" if cuda else "compute")
                 rows.append([name, r["precision"], r["images_per_s"], r["peak_mib"], tflops,
                              *(100 * tflops / p for p in PEAK_TFLOPS.values()), r["gpu_util"],
                              100 * r["wait_share"], limit])

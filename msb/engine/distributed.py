@@ -78,15 +78,16 @@ def current() -> DistContext | None:
 
 
 def init_from_env(device_name: str = "auto") -> DistContext | None:
-    """Join the process group torchrun describes in the environment; None when ``WORLD_SIZE`` is unset or 1.
+    """Join the process group torchrun describes in the environment; None outside torchrun (``WORLD_SIZE`` unset
+    or 1 and no ``TORCHELASTIC_RUN_ID``; ``MSB_FORCE_DIST`` forces a group, for tests).
 
     ``nccl`` when ``device_name`` is not ``cpu`` and CUDA is available (each rank on ``cuda:LOCAL_RANK``),
     otherwise ``gloo``. ``MSB_DIST_BACKEND`` overrides the choice.
     """
     global _CURRENT
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 and "MSB_FORCE_DIST" not in os.environ:
-        return None
+    if world <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ and "MSB_FORCE_DIST" not in os.environ:
+        return None  # a plain process (torchrun sets TORCHELASTIC_RUN_ID: one process under it is a DDP job too)
     if _CURRENT is not None:
         return _CURRENT
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))

@@ -155,7 +155,8 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     trainer = build_trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx)
     log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
         f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}"
-        + (f", {ctx.world_size} processes ({ctx.backend}), global batch {cfg.train.batch_size}" if ctx else ""))
+        + (f", {ctx.world_size} DDP process{'es' if ctx.world_size > 1 else ''} ({ctx.backend}), global batch "
+           f"{cfg.train.batch_size}" if ctx else ""))
     return trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
 
 

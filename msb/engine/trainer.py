@@ -8,7 +8,8 @@ split at the training resolution (image-macro Dice/IoU of ``sigmoid(logits) >= t
 checkpointing and early stopping. At the end of every epoch the full resume state (model, optimizer,
 scheduler, AMP scaler, early-stopping state, best value, RNG states, history) is written atomically, so an
 interrupted run continues from the last finished epoch; with ``full_determinism`` on CPU the resumed run ends
-with bitwise the same weights as an uninterrupted one.
+with bitwise the same weights as an uninterrupted one. Precision (``train.precision``), the DDP wrapper, the
+training DataLoader and the out-of-memory line come from :mod:`msb.engine.acceleration` (docs/training.md).
 
 Epochs are 1-based wherever they are stored or shown (epoch k = after k finished epochs; :mod:`msb.utils.epochs`):
 ``train_log.csv``, the console, ``checkpoints/records.json`` and the checkpoint files, the resume state
@@ -52,8 +53,6 @@ from msb.utils.io_errors import write_guard
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
-
-
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
