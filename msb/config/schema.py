@@ -206,8 +206,9 @@ class TrainConfig(StrictModel):
     else fp16 autocast with a GradScaler; fp32 on CPU. ``fp16`` = fp16 autocast + GradScaler on CUDA (on CPU it
     runs fp32, as ``amp: on`` always did); ``bf16`` = bf16 autocast (no scaler; also on CPU, where PyTorch's CPU
     autocast supports bf16); ``fp32`` = no autocast. The resolved precision is recorded in ``manifest.json``.
-    The old ``amp`` key is still read: ``auto`` -> ``auto``, ``on`` -> ``fp16``, ``off`` -> ``fp32``; giving both
-    ``amp`` and ``precision`` with different meanings is an error. ``config.yaml`` keeps writing the old
+    The old ``amp`` key is still read: ``auto`` -> ``auto``, ``on`` -> ``fp16``, ``off`` -> ``fp32``; ``amp: on|off``
+    overrides ``precision: auto`` (the value of ``configs/global.yaml``), ``amp: auto`` never overrides, and
+    ``amp: on|off`` with a different non-auto ``precision`` is an error. ``config.yaml`` keeps writing the old
     spelling (``amp: auto|on|off``) for the three values that existed before, so config hashes do not change;
     only ``bf16`` is written as ``precision: bf16``.
 
@@ -261,11 +262,12 @@ class TrainConfig(StrictModel):
                              f"auto|fp32|fp16|bf16 instead")
         mapped = AMP_TO_PRECISION[amp]
         given = data.get("precision")
-        if given is not None and given != mapped and amp != "auto":
-            raise ValueError(f"train.amp {amp!r} (= precision {mapped}) and train.precision {given!r} disagree; "
-                             f"remove train.amp (replaced by train.precision)")
-        data.setdefault("precision", mapped)
-        return data
+        if amp == "auto" or given in (None, "auto", mapped):
+            # amp: auto never overrides; amp: on/off overrides precision: auto (e.g. that of configs/global.yaml)
+            data["precision"] = mapped if given in (None, "auto") else given
+            return data
+        raise ValueError(f"train.amp {amp!r} (= precision {mapped}) and train.precision {given!r} disagree; "
+                         f"remove train.amp (replaced by train.precision)")
 
     @model_serializer(mode="wrap")
     def _omit_hash_neutral_defaults(self, handler: Any) -> dict[str, Any]:

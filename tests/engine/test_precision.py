@@ -48,7 +48,8 @@ def test_bf16_and_new_keys_enter_the_hash_only_when_set():
     bf16 = _cfg({"precision": "bf16"})
     assert bf16.model_dump(mode="json")["train"]["precision"] == "bf16" and "amp" not in bf16.model_dump()["train"]
     assert len({config_hash(plain), config_hash(bf16), config_hash(_cfg({"compile": True}))}) == 3
-    assert _cfg({"amp": "auto", "precision": "bf16"}).train.precision == "bf16"  # global.yaml amp + a new layer
+    assert _cfg({"amp": "auto", "precision": "bf16"}).train.precision == "bf16"  # an old amp: auto layer + bf16
+    assert _cfg({"amp": "off", "precision": "auto"}).train.precision == "fp32"  # an old study over global.yaml
 
 
 def test_amp_and_precision_that_disagree_are_refused():
