@@ -242,7 +242,7 @@ def section_ddp(work: Path, cuda: bool, out: list[str]) -> None:
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "msb", "run", str(study), "--nproc-per-node", "1"], cwd=REPO,
                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
-    manifests = list((proj / "runs" / "ddp").glob("*/manifest.json"))
+    manifests = [m for m in (proj / "runs" / "ddp").glob("*/manifest.json") if not m.parent.name.startswith("_")]
     training = json.loads(manifests[0].read_text()).get("training", {}) if manifests else {}
     ok = r.returncode == 0 and training.get("world_size") == 1
     text = (f"`msb run STUDY --nproc-per-node 1`: exit {r.returncode}, backend {training.get('backend')}, "
