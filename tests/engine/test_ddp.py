@@ -86,7 +86,8 @@ def test_world_of_one_is_bitwise_the_plain_trainer(tmp_path: Path, monkeypatch):
     from msb.engine import distributed
     from msb.engine.runner import train_run
 
-    study = _C.write_project(tmp_path, STUDY)
+    one_epoch = {**STUDY, "overrides": {"train": {**STUDY["overrides"]["train"], "epochs": 1}}}
+    study = _C.write_project(tmp_path, one_epoch)  # 1 epoch keeps it fast; test_kill_one_rank covers 2 epochs
     run = generate_runs(study)[0]
     ds = ensure_dataset(run.config)
     train_run(run, tmp_path / "plain", ds)
