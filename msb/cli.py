@@ -68,14 +68,29 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
         grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead."),
         wait: bool = typer.Option(False, "--wait", help="If another plain 'msb run' of this study is running, wait "
-                                  "for it to end instead of stopping.")) -> None:
+                                  "for it to end instead of stopping."),
+        nproc_per_node: int = typer.Option(0, "--nproc-per-node", min=0, help="Train every run with DDP on this many "
+                                           "processes (GPUs) of this machine, launched through torchrun "
+                                           "(docs/training.md); train.batch_size is the global batch.")) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
+    from msb.engine.distributed import init_from_env, relaunch_with_torchrun, serve, stop_followers
+
+    if nproc_per_node and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(relaunch_with_torchrun(nproc_per_node, sys.argv[1:]))
+    ctx = init_from_env()
+    if ctx is not None and not ctx.is_main:
+        from msb.engine.runner import follow_train
+
+        serve(ctx, follow_train)  # ranks > 0 train what rank 0 sends until it stops
+        return
     from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.study.pipeline import run_study
 
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
                          heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
+    if ctx is not None:  # after a failure rank 0 just exits: torchrun then stops the other ranks
+        stop_followers(ctx)
     paths = [p for o in outcomes for p in o.counts_paths]
     table = reaggregate(read_counts(paths))
     out_dir = outcomes[0].run_dir.parent
@@ -246,9 +261,9 @@ def profile(ctx: typer.Context,
             input_size: Optional[List[str]] = typer.Option(None, help="Sizes in px: --input-size 256 512 (or HxW)."),
             batch_size: int = typer.Option(1, help="Images per forward pass."),
             precision: Optional[List[str]] = typer.Option(None, help="fp32 | amp (--precision fp32 amp); default fp32."),
-            warmup: int = typer.Option(10, help="Untimed warm-up passes."),
-            timed_passes: int = typer.Option(100, help="Timed passes per repeat."),
-            repeats: int = typer.Option(3, help="Repeats (median and SD are over repeats)."),
+            warmup: Optional[int] = typer.Option(None, help="Untimed warm-up passes (default 100 cuda, 10 cpu)."),
+            timed_passes: Optional[int] = typer.Option(None, help="Timed passes per repeat (1000 cuda, 100 cpu)."),
+            repeats: Optional[int] = typer.Option(None, help="Repeats; median, SD over them (5 cuda, 3 cpu)."),
             cudnn_benchmark: bool = typer.Option(True, help="torch.backends.cudnn.benchmark during timing."),
             num_classes: int = typer.Option(1, help="Output classes for --arch models."),
             out: Optional[Path] = typer.Option(None, help="Output folder (default <study>/profile or profiles/)."),
@@ -258,9 +273,13 @@ def profile(ctx: typer.Context,
     """Params, GMACs (FlopCounterMode), latency, throughput and peak memory per architecture and input size."""
     from msb.profiling.measure import parse_input_size
     from msb.profiling.pipeline import run_profile
-    from msb.profiling.timing import TimingProtocol
+    from msb.profiling.timing import TimingProtocol, protocol_defaults
 
     archs, sizes, precs = list(arch or []), list(input_size or []), list(precision or [])
+    d = protocol_defaults(device)  # on cuda the MSB paper's protocol: 100 + 5 x 1,000 passes at 256 and 512
+    warmup = d["warmup"] if warmup is None else warmup
+    timed_passes = d["timed_passes"] if timed_passes is None else timed_passes
+    repeats = d["repeats"] if repeats is None else repeats
     for tok in ctx.args:  # values after the first of a multi-value option (--input-size 256 512)
         if tok.lower().replace("x", "").isdigit():
             sizes.append(tok)
@@ -270,6 +289,8 @@ def profile(ctx: typer.Context,
             archs.append(tok)
         else:
             raise MSBError(f"msb profile: unexpected argument '{tok}'; name architectures with --arch {tok}")
+    if not sizes and not input_size and study is None:
+        sizes = list(d["sizes"])
     protocols = [TimingProtocol(warmup, timed_passes, repeats, batch_size, p, cudnn_benchmark)  # type: ignore[arg-type]
                  for p in (precs or ["fp32"])]
     res = run_profile(device, archs, study, [parse_input_size(s) for s in sizes], protocols, out, num_classes,

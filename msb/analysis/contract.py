@@ -33,7 +33,7 @@ CONTRACT_SECTIONS: dict[str, tuple[str, ...]] = {
     "Preprocessing": ("data.input_size", "data.normalize_mean", "data.normalize_std", "train.augment."),
     "Model settings": ("model.",),
     "Optimisation": ("train.epochs", "train.batch_size", "train.optimizer.", "train.scheduler.", "train.loss.",
-                     "train.grad_clip.", "train.early_stopping", "train.amp", "random_seed", "full_determinism"),
+                     "train.grad_clip.", "train.early_stopping", "train.amp", "train.precision", "random_seed", "full_determinism"),
     "Checkpoint policy": ("checkpoint.", "evaluation.checkpoint"),
     "Decision rule": ("evaluation.threshold", "evaluation.threshold_on"),
 }

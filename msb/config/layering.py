@@ -167,6 +167,8 @@ def check_keys(data: dict[str, Any], model: type[BaseModel], file: str,
     fields = model.model_fields
     for key, value in data.items():
         path = _prefix + (str(key),)
+        if key in getattr(model, "LEGACY_KEYS", ()):  # an old key the model still reads (e.g. train.amp)
+            continue
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{'.'.join(_prefix + (close[0],))}'?" if close else \

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer,
                       model_validator)
@@ -20,7 +20,7 @@ from msb.config.notifications_schema import NotificationsConfig
 __all__ = [
     "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
     "SchedulerConfig", "LossConfig", "GradClipConfig", "AugmentConfig", "EarlyStoppingConfig", "TrainConfig",
-    "MultiScaleConfig", "NONFINITE_PATIENCE_DEFAULT",
+    "MultiScaleConfig", "NONFINITE_PATIENCE_DEFAULT", "AMP_TO_PRECISION", "TRAIN_HASH_NEUTRAL_DEFAULTS",
     "CheckpointConfig", "EvaluationConfig", "RunConfig",
 ]
 
@@ -237,15 +237,43 @@ class MultiScaleConfig(StrictModel):
 #: default of ``train.nonfinite_patience`` (left out of ``config.yaml`` and the config hash when unchanged)
 NONFINITE_PATIENCE_DEFAULT = 10
 
+#: the old ``train.amp`` switch -> ``train.precision`` (``on`` was fp16 on CUDA and fp32 on CPU, as fp16 is now)
+AMP_TO_PRECISION = {"auto": "auto", "on": "fp16", "off": "fp32"}
+_PRECISION_TO_AMP = {v: k for k, v in AMP_TO_PRECISION.items()}
+
+#: keys of ``train`` added after run ids existed, with their defaults: left out of ``config.yaml`` and the config
+#: hash while they have these values, so the run ids of existing studies do not change
+TRAIN_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {
+    "nonfinite_patience": NONFINITE_PATIENCE_DEFAULT, "compile": False, "cudnn_benchmark": True,
+    "pin_memory": True, "persistent_workers": False, "prefetch_factor": None,
+}
+
 
 class TrainConfig(StrictModel):
-    """Training loop settings. ``amp``: ``auto`` = on for CUDA, off on CPU.
+    """Training loop settings.
+
+    ``precision``: ``auto`` = bf16 autocast on a CUDA GPU that supports it (``torch.cuda.is_bf16_supported()``),
+    else fp16 autocast with a GradScaler; fp32 on CPU. ``fp16`` = fp16 autocast + GradScaler on CUDA (on CPU it
+    runs fp32, as ``amp: on`` always did); ``bf16`` = bf16 autocast (no scaler; also on CPU, where PyTorch's CPU
+    autocast supports bf16); ``fp32`` = no autocast. The resolved precision is recorded in ``manifest.json``.
+    The old ``amp`` key is still read: ``auto`` -> ``auto``, ``on`` -> ``fp16``, ``off`` -> ``fp32``; ``amp: on|off``
+    overrides ``precision: auto`` (the value of ``configs/global.yaml``), ``amp: auto`` never overrides, and
+    ``amp: on|off`` with a different non-auto ``precision`` is an error. ``config.yaml`` keeps writing the old
+    spelling (``amp: auto|on|off``) for the three values that existed before, so config hashes do not change;
+    only ``bf16`` is written as ``precision: bf16``.
 
     ``nonfinite_patience``: with AMP (fp16 GradScaler), the number of consecutive optimizer steps that the scaler
     may skip for overflowing gradients (or that have a non-finite loss) before training stops as diverged; the
     scaler skips a few steps while it calibrates. Without AMP the first non-finite loss or gradient stops
-    training. Left out of ``config.yaml`` (and so of the config hash) while it has its default, so run ids of
-    existing studies do not change.
+    training.
+
+    ``compile``: wrap the model in ``torch.compile`` for training (off by default). ``cudnn_benchmark``: let cuDNN
+    pick the fastest convolution algorithms (CUDA only; always off under ``full_determinism``). ``pin_memory``:
+    page-locked host batches with non-blocking copies (CUDA only). ``persistent_workers``, ``prefetch_factor``:
+    passed to the training DataLoader when ``data.num_workers > 0``.
+
+    The keys of :data:`TRAIN_HASH_NEUTRAL_DEFAULTS` are left out of ``config.yaml`` (and so of the config hash)
+    while they have their defaults, so run ids of existing studies do not change.
     """
 
     epochs: int = Field(10, gt=0)
@@ -257,19 +285,58 @@ class TrainConfig(StrictModel):
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     early_stopping: Optional[EarlyStoppingConfig] = None
     multiscale: Optional[MultiScaleConfig] = None
-    amp: Literal["auto", "on", "off"] = "auto"
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     # feed inputs in channels-last (NHWC) memory format: the same operations, run by PyTorch's faster NHWC
     # convolution kernels (about 12 % more training images/s for a ResNet-18 U-Net on 2 CPU cores)
     channels_last: bool = True
     device: Literal["auto", "cpu", "cuda"] = "auto"
     nonfinite_patience: int = Field(NONFINITE_PATIENCE_DEFAULT, ge=0)
+    compile: bool = False
+    cudnn_benchmark: bool = True
+    pin_memory: bool = True
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = Field(None, gt=0)
+    #: old keys still accepted in config files (mapped by ``_legacy_amp``)
+    LEGACY_KEYS: ClassVar[frozenset[str]] = frozenset({"amp"})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_amp(cls, data: Any) -> Any:
+        """Map the old ``amp`` key onto ``precision`` (see class docstring)."""
+        if not isinstance(data, dict) or "amp" not in data:
+            return data
+        data = dict(data)
+        amp = data.pop("amp")
+        if amp not in AMP_TO_PRECISION:
+            raise ValueError(f"train.amp {amp!r} is not one of auto, on, off; write train.precision: "
+                             f"auto|fp32|fp16|bf16 instead")
+        mapped = AMP_TO_PRECISION[amp]
+        given = data.get("precision")
+        if amp == "auto" or given in (None, "auto", mapped):
+            # amp: auto never overrides; amp: on/off overrides precision: auto (e.g. that of configs/global.yaml)
+            data["precision"] = mapped if given in (None, "auto") else given
+            return data
+        raise ValueError(f"train.amp {amp!r} (= precision {mapped}) and train.precision {given!r} disagree; "
+                         f"remove train.amp (replaced by train.precision)")
 
     @model_serializer(mode="wrap")
-    def _omit_default_patience(self, handler: Any) -> dict[str, Any]:
-        """Dump without ``nonfinite_patience`` while it has its default (config hashes stay as they were)."""
+    def _omit_hash_neutral_defaults(self, handler: Any) -> dict[str, Any]:
+        """Dump without the keys of :data:`TRAIN_HASH_NEUTRAL_DEFAULTS` at their defaults and with ``precision``
+        in the old ``amp`` spelling where one exists (config hashes stay as they were)."""
         data = handler(self)
-        if isinstance(data, dict) and self.nonfinite_patience == NONFINITE_PATIENCE_DEFAULT:
-            data.pop("nonfinite_patience", None)
+        if not isinstance(data, dict):
+            return data
+        for key, default in TRAIN_HASH_NEUTRAL_DEFAULTS.items():
+            if key in data and data[key] == default:
+                data.pop(key)
+        if self.precision in _PRECISION_TO_AMP:
+            out = {}
+            for k, v in data.items():  # "amp" where "precision" stands: the old key order, the old YAML
+                if k == "precision":
+                    out["amp"] = _PRECISION_TO_AMP[v]
+                else:
+                    out[k] = v
+            data = out
         return data
 
 

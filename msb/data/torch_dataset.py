@@ -38,7 +38,9 @@ class SegmentationDataset(Dataset):
     """Samples of one split, read from the cache.
 
     ``__getitem__`` returns ``(image, mask, index)``: image float32 (3, H, W) normalised with ``mean``/``std``
-    (ImageNet defaults), mask float32 (C, H, W) in {0, 1}, and the position in ``sample_ids``.
+    (ImageNet defaults), mask float32 (C, H, W) in {0, 1}, and the position in ``sample_ids``. The key is the
+    position ``i`` or a pair ``(i, seed)`` (from :class:`msb.engine.sampling.EpochBatchSampler`): the augmentation
+    of that item is then drawn from ``seed`` alone, whichever process or DataLoader worker loads it.
     """
 
     def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
@@ -60,7 +62,13 @@ class SegmentationDataset(Dataset):
         if self.augment is not None:
             self.augment.set_random_seed(seed)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if isinstance(key, tuple):
+            i, seed = key
+            if self.augment is not None:
+                self.augment.set_random_seed(seed)
+        else:
+            i = key
         r = self.rows[i]
         img = np.asarray(self.images[r])
         mask = np.asarray(self.masks[r]).transpose(1, 2, 0)  # (H, W, C)

@@ -26,6 +26,7 @@ from msb.data.schema import PreparedDataset
 from msb.data.splits import read_split_file, resolve_splits, write_split_file
 from msb.data.torch_dataset import SegmentationDataset, build_augmentation
 from msb.data.verify import verify_files
+from msb.engine import distributed
 from msb.engine.determinism import seed_everything
 from msb.engine.trainer import Trainer, TrainResult
 from msb.errors import MSBError
@@ -37,7 +38,7 @@ from msb.utils.io_errors import write_guard
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
 __all__ = ["RunOutcome", "ensure_split", "train_run", "evaluate_run", "write_manifest", "study_dir", "run_fold",
-           "checkpoint_roles"]
+           "checkpoint_roles", "follow_train", "build_trainer"]
 
 
 @dataclass
@@ -92,9 +93,12 @@ def _versions() -> dict[str, str]:
 
 def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[str, Any] | None = None) -> None:
     """``manifest.json``: binds results to config hash, split-file hash (and ``labelled_sha256`` of
-    ``labelled.csv`` in semi-supervised runs), checkpoint SHA-256s, package versions and device; ``extra``
-    keys (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
+    ``labelled.csv`` in semi-supervised runs), checkpoint SHA-256s, package versions and device; ``training`` =
+    ``train_runtime.json`` (resolved precision, processes, global and per-process batch:
+    :func:`msb.engine.acceleration.runtime_record`) when the run was trained by this version; ``extra`` keys
+    (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
     records = read_records(run_dir)
+    runtime = run_dir / "train_runtime.json"
     split_path = run_dir / "split.csv"
     manifest: dict[str, Any] = {
         "run_id": run.run_id, "study": run.config.study, "config_hash": run.config_hash,
@@ -105,6 +109,8 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
     }
     if (run_dir / "labelled.csv").is_file():  # semi-supervised runs only: other manifests are unchanged
         manifest["labelled_sha256"] = sha256_file(run_dir / "labelled.csv")
+    if runtime.is_file():
+        manifest["training"] = json.loads(runtime.read_text())
     manifest.update(extra or {})
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
 
@@ -150,6 +156,41 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
 
         train_ids = labelled_train_ids(cfg, run_dir, ds, cache, train_ids)
         log(f"[{run.run_id}] labelled subset (labelled.csv): {len(train_ids)} training images with masks")
+    ctx = distributed.current()
+    if ctx is not None:  # DDP: the other ranks train this run with us (msb.engine.distributed)
+        distributed.send_work(ctx, {"op": "train", "run": run, "run_dir": str(run_dir), "ds": ds,
+                                    "stop_after_epoch": stop_after_epoch})
+    trainer = build_trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx)
+    log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
+        f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}"
+        + (f", {ctx.world_size} DDP process{'es' if ctx.world_size > 1 else ''} ({ctx.backend}), global batch "
+           f"{cfg.train.batch_size}" if ctx else ""))
+    return trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
+
+
+def follow_train(order: dict[str, Any]) -> TrainResult:
+    """A rank > 0 of a DDP job: train the run of rank 0's work ``order`` (:func:`train_run` sent it after
+    writing the split file and the cache; this rank only reads them and writes nothing)."""
+    run, run_dir, ds = order["run"], Path(order["run_dir"]), order["ds"]
+    cfg = run.config
+    splits = read_split_file(run_dir / "split.csv")
+    lim = cfg.data.max_samples_per_split
+    cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, no_track)
+    train_ids = _ids(splits, "train", lim)
+    if cfg.data.labelled_policy:  # rank 0 wrote labelled.csv before sending the work: read, never drawn again
+        from msb.data.labelled import labelled_train_ids
+
+        train_ids = labelled_train_ids(cfg, run_dir, ds, cache, train_ids)
+    trainer = build_trainer(run, run_dir, ds, cache, train_ids,
+                            _ids(splits, cfg.checkpoint.selection_split, lim), no_track, no_log,
+                            distributed.current())
+    return trainer.fit(stop_after_epoch=order["stop_after_epoch"])
+
+
+def build_trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: Any, train_ids: list[str],
+             val_ids: list[str], track: Tracker, log: Logger, ctx: distributed.DistContext | None) -> Trainer:
+    """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank)."""
+    cfg = run.config
     a = cfg.train.augment
     aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,
                              a.brightness_contrast, seed=cfg.random_seed)
@@ -157,10 +198,7 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     val_ds = SegmentationDataset(cache, val_ids, cfg.data.normalize_mean, cfg.data.normalize_std)
     seed_everything(cfg.random_seed)  # the initial weights depend on the run seed only
     model = build_model(cfg.model, len(ds.foreground_classes))
-    trainer = Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log)
-    log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
-        f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}")
-    return trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
+    return Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log, dist=ctx)
 
 
 def run_fold(run_dir: Path) -> int:

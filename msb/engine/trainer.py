@@ -8,7 +8,8 @@ split at the training resolution (image-macro Dice/IoU of ``sigmoid(logits) >= t
 checkpointing and early stopping. At the end of every epoch the full resume state (model, optimizer,
 scheduler, AMP scaler, early-stopping state, best value, RNG states, history) is written atomically, so an
 interrupted run continues from the last finished epoch; with ``full_determinism`` on CPU the resumed run ends
-with bitwise the same weights as an uninterrupted one.
+with bitwise the same weights as an uninterrupted one. Precision (``train.precision``), the DDP wrapper, the
+training DataLoader and the out-of-memory line come from :mod:`msb.engine.acceleration` (docs/training.md).
 
 Epochs are 1-based wherever they are stored or shown (epoch k = after k finished epochs; :mod:`msb.utils.epochs`):
 ``train_log.csv``, the console, ``checkpoints/records.json`` and the checkpoint files, the resume state
@@ -33,6 +34,9 @@ from torch.utils.data import DataLoader
 from msb.config.schema import RunConfig
 from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_state, reconcile_records, save_checkpoint, save_state
+from msb.engine.acceleration import (apply_cudnn_settings, oom_error, prepare_network, runtime_record, train_loader,
+                                     write_runtime)
+from msb.engine.distributed import DistContext
 from msb.engine.determinism import epoch_seed, get_rng_state, seed_everything, set_full_determinism, set_rng_state
 from msb.engine.losses import multi_output_loss
 from msb.engine.multiscale import scaled_batches
@@ -42,12 +46,13 @@ from msb.evaluation.postprocess import apply_normalisation
 from msb.models.base import Segmentor
 from msb.utils.atomic import atomic_write_text
 from msb.utils.device import select_device
+from msb.utils.fault_points import fault_point
+from msb.utils.precision import resolve_precision
 from msb.utils.epochs import EPOCH_BASE, EPOCH_BASE_KEY
 from msb.utils.io_errors import write_guard
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
-
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -116,16 +121,26 @@ class Trainer:
         config_hash: stored in each checkpoint.
         track: progress wrapper ``track(iterable, description, total)``.
         log: receives one summary line per epoch.
+        dist: this process of a DDP job (:mod:`msb.engine.distributed`); None = a single process. Under DDP
+            ``train.batch_size`` is the global batch, only rank 0 writes files, and every rank resumes from the
+            same resume state.
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, model: Segmentor, train_ds: SegmentationDataset,
                  val_ds: SegmentationDataset, config_hash: str = "", track: Tracker = no_track,
-                 log: Callable[[str], None] = lambda _m: None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, dist: DistContext | None = None) -> None:
         self.cfg, self.run_dir, self.model, self.log = cfg, Path(run_dir), model, log
         self.train_ds, self.val_ds, self.config_hash, self.track = train_ds, val_ds, config_hash, track
+        self.dist, self.is_main = dist, dist is None or dist.is_main
         self.device = select_device(cfg.train.device)
-        self.use_amp = self.device.type == "cuda" and cfg.train.amp != "off"
+        if dist is not None:
+            self.device = dist.device(self.device)
+        self.precision = resolve_precision(cfg.train.precision, self.device)
+        self.use_amp = self.precision.use_scaler  # the fp16 GradScaler is active
         self.model.to(self.device)
+        self.net = prepare_network(self.model, cfg, self.device, dist)  # what the training step calls
+        self.loader = None  # the training DataLoader, kept across epochs with train.persistent_workers
+        self.data_wait_s = 0.0  # seconds of the last epoch spent waiting for the DataLoader
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.use_amp)
@@ -144,12 +159,10 @@ class Trainer:
         cfg = self.cfg
         self.train_ds.set_epoch_seed(seed)
         self.steps_done = 0
-        gen = torch.Generator().manual_seed(seed)
-        n = len(self.train_ds)
-        bs = cfg.train.batch_size
-        loader = DataLoader(self.train_ds, batch_size=bs, shuffle=True, generator=gen,
-                            num_workers=cfg.data.num_workers, drop_last=(n % bs == 1 and n > 1),
-                            pin_memory=self.device.type == "cuda")
+        loader = train_loader(self.train_ds, cfg, self.device, seed, self.dist, self.loader)
+        if cfg.train.persistent_workers and cfg.data.num_workers > 0:
+            self.loader = loader
+        world = self.dist.world_size if self.dist is not None else 1
         self.model.train()
         clip = cfg.train.grad_clip
         total, seen, counted = 0.0, 0, 0
@@ -157,8 +170,13 @@ class Trainer:
         aug_gen = torch.Generator().manual_seed(seed + 1)
         ms = cfg.train.multiscale
         step_each = ms is None or ms.step_per_rate
+        self.data_wait_s, t_wait = 0.0, time.perf_counter()
         for step, (x, y, _) in enumerate(self.track(loader, f"epoch {epoch}/{cfg.train.epochs}", len(loader)),
                                          start=1):
+            self.data_wait_s += time.perf_counter() - t_wait
+            # DDP: scale this rank's mean loss so that the gradient average equals the global batch's mean loss
+            n_step = loader.batch_sampler.global_sizes[step - 1] if world > 1 else x.shape[0]  # images in the step
+            share = x.shape[0] * world / n_step
             x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
             x, y = self.model.train_batch_transform(x, y, aug_gen, cfg.data.normalize_mean, cfg.data.normalize_std)
@@ -169,11 +187,17 @@ class Trainer:
                 if step_each or i == 0:
                     self.optimizer.zero_grad(set_to_none=True)
                     bad_loss = None
-                with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
-                    outputs = self.model(self._fmt(xs))
+                with self.precision.context(self.device):
+                    outputs = self.net(self._fmt(xs))
                 loss = multi_output_loss([o.float() for o in outputs], ys, cfg.train.loss.name,
                                          cfg.train.loss.bce_weighting)
-                loss_value = float(loss.detach())
+                if world > 1:
+                    loss = loss * share
+                    total_loss = loss.detach().clone()
+                    torch.distributed.all_reduce(total_loss)  # the global batch's loss, the same on every rank
+                    loss_value = float(total_loss) / world
+                else:
+                    loss_value = float(loss.detach())
                 if not math.isfinite(loss_value) and bad_loss is None:
                     bad_loss = loss_value
                 self.scaler.scale(loss).backward()
@@ -194,10 +218,11 @@ class Trainer:
                 self._optimizer_step(epoch, step, len(loader), bad_loss, grad_norm)
                 batch_loss += loss_value / len(scaled)
             if math.isfinite(batch_loss):  # a step the fp16 scaler skipped within the patience is not averaged
-                total += batch_loss * x.shape[0]
-                counted += x.shape[0]
-            seen += x.shape[0]
+                total += batch_loss * n_step
+                counted += n_step
+            seen += n_step
             self.steps_done = step
+            t_wait = time.perf_counter()
         return total / max(counted, 1), seen
 
     def _grad_norm(self) -> torch.Tensor:
@@ -258,7 +283,7 @@ class Trainer:
         losses, tps, fps, fns = [], [], [], []
         for x, y, _ in loader:
             x, y = x.to(self.device), y.to(self.device)
-            with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.use_amp):
+            with self.precision.context(self.device):
                 outputs = self.model(self._fmt(x))
             outputs = [o.float() for o in outputs]
             losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
@@ -291,6 +316,12 @@ class Trainer:
             "config_hash": self.config_hash, "nonfinite_streak": self.nonfinite_streak,
         }
 
+    def _save_checkpoint(self, role: str, epoch: int, value: float) -> None:
+        """Write checkpoint ``role`` after 1-based ``epoch`` (rank 0 only under DDP)."""
+        if self.is_main:
+            save_checkpoint(self.run_dir, role, self._ckpt_payload(epoch), epoch, self.cfg.checkpoint.selection_split,
+                            self.cfg.checkpoint.metric, value)
+
     def _write_log(self, history: list[dict[str, Any]]) -> None:
         """Write ``train_log.csv`` atomically (a disk-full error is one line; the previous log is kept)."""
         buf = io.StringIO()
@@ -322,13 +353,21 @@ class Trainer:
         """
         cfg = self.cfg
         set_full_determinism(cfg.full_determinism)
+        cudnn_benchmark = apply_cudnn_settings(cfg)
         # best["epoch"]: 1-based epoch of the best checkpoint, 0 = none yet
         best: dict[str, Any] = {"value": -math.inf if self.maximize else math.inf, "epoch": 0}
         early: dict[str, Any] = {"bad_epochs": 0, "stopped": False}
         history: list[dict[str, Any]] = []
         start = 0
-        reconcile_records(self.run_dir)  # finish or drop a checkpoint record interrupted by a kill
-        state = load_state(self.run_dir)
+        state = None
+        if self.is_main:  # rank 0 repairs interrupted writes first; then every rank reads the same state
+            reconcile_records(self.run_dir)  # finish or drop a checkpoint record interrupted by a kill
+            state = load_state(self.run_dir)
+            write_runtime(self.run_dir, runtime_record(cfg, self.device, self.precision, self.dist, cudnn_benchmark))
+        if self.dist is not None:
+            self.dist.barrier()
+            if not self.is_main:
+                state = load_state(self.run_dir)
         if state is not None:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -350,9 +389,15 @@ class Trainer:
             seed = epoch_seed(cfg.random_seed, index)  # 0-based index: the seeds of older runs are unchanged
             seed_everything(seed)
             t0 = time.perf_counter()
-            train_loss, seen = self._train_epoch(epoch, seed)
-            train_s = time.perf_counter() - t0
-            val = self.validate()
+            try:
+                train_loss, seen = self._train_epoch(epoch, seed)
+                train_s = time.perf_counter() - t0
+                val = self.validate() if self.is_main else None
+            except torch.OutOfMemoryError:
+                raise oom_error(cfg, self.run_dir, self.precision.name, self.dist.world_size if self.dist else 1,
+                                f"epoch {epoch}") from None
+            if self.dist is not None:
+                val = self.dist.broadcast(val)  # validated on rank 0; every rank takes the same decisions
             if not math.isfinite(val["val_loss"]):
                 raise self._diverged(epoch, self.steps_done, self.steps_done,
                                      f"the validation loss on '{cfg.checkpoint.selection_split}' after that step is "
@@ -368,13 +413,11 @@ class Trainer:
                 best = {"value": float(value), "epoch": epoch}
                 early["bad_epochs"] = 0
                 if "best" in save_roles:
-                    save_checkpoint(self.run_dir, "best", self._ckpt_payload(epoch), epoch,
-                                    cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+                    self._save_checkpoint("best", epoch, value)
             else:
                 early["bad_epochs"] += 1
             if "latest" in save_roles:
-                save_checkpoint(self.run_dir, "latest", self._ckpt_payload(epoch), epoch,
-                                cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+                self._save_checkpoint("latest", epoch, value)
             history.append({"epoch": epoch, "train_loss": round(train_loss, 6),
                             "val_loss": round(val["val_loss"], 6), "val_dice": round(val["val_dice"], 6),
                             "val_iou": round(val["val_iou"], 6), "lr": lr, "train_seconds": round(train_s, 3),
@@ -385,15 +428,18 @@ class Trainer:
             if finished and best["epoch"] < EPOCH_BASE and "best" in save_roles:
                 # no finite selection value in any epoch (e.g. an all-empty validation split): fall back to last
                 best = {"value": float(value), "epoch": epoch}
-                save_checkpoint(self.run_dir, "best", self._ckpt_payload(epoch), epoch,
-                                cfg.checkpoint.selection_split, cfg.checkpoint.metric, value)
+                self._save_checkpoint("best", epoch, value)
             h = history[-1]
             self.log(f"epoch {h['epoch']}/{cfg.train.epochs}: train_loss {h['train_loss']:.4f}  "
                      f"val_loss {h['val_loss']:.4f}  val_dice {h['val_dice']:.4f}  "
                      f"({h['train_images_per_s']:.1f} img/s){'  *best*' if best['epoch'] == epoch else ''}")
-            self._write_log(history)
-            save_state(self.run_dir, self._state(epoch, best, early, history, finished))
+            if self.is_main:
+                self._write_log(history)
+                save_state(self.run_dir, self._state(epoch, best, early, history, finished))
             stop = bool(on_epoch_end(dict(h))) if on_epoch_end is not None else False
+            if self.dist is not None:
+                stop = bool(self.dist.broadcast(stop))  # also the barrier after rank 0 saved the epoch
+                fault_point(f"ddp.rank{self.dist.rank}.epoch_saved")
             if finished:
                 break
             if stop or (stop_after_epoch is not None and epoch >= stop_after_epoch):

@@ -53,6 +53,7 @@ from msb.models.registry import build_model
 from msb.utils.atomic import replace_dir, staging_dir
 from msb.utils.device import select_device
 from msb.utils.evaluation_folder import evaluate_command
+from msb.utils.precision import resolve_precision
 from msb.utils.fault_points import fault_point
 from msb.utils.progress import Tracker, no_track
 
@@ -175,7 +176,7 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     model.load_state_dict(payload["model"])
     device = select_device(cfg.train.device)
     model.to(device).eval()
-    use_amp = device.type == "cuda" and cfg.train.amp != "off"
+    amp_dtype = resolve_precision(cfg.train.precision, device).autocast_dtype  # None = fp32
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
     data = SegmentationDataset(cache, ids, cfg.data.normalize_mean, cfg.data.normalize_std)
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=False,
@@ -185,7 +186,7 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     try:
         stage = staging_dir(out_dir)  # the old evaluation in out_dir stays untouched until the swap
         n = _evaluate_into(stage, run_dir, cfg, ds, role, run_id, config_hash, split, track, fold, external, ids,
-                           classes, model, device, use_amp, loader, rec.sha256)
+                           classes, model, device, amp_dtype, loader, rec.sha256)
         fault_point("evaluate.staged")
         replace_dir(stage, out_dir)
     except OSError as exc:
@@ -213,7 +214,8 @@ _PENDING = 8
 
 def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                    config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
-                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device, use_amp: bool,
+                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device,
+                   amp_dtype: torch.dtype | None,
                    loader: torch.utils.data.DataLoader, checkpoint_sha256: str) -> int:
     """Write the complete evaluation (predictions, counts, semantics, metrics, digests) into the empty staging
     folder ``out_dir``; return the number of images."""
@@ -243,7 +245,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     try:
         with torch.no_grad():
             for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
-                with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_amp):
+                with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
+                                    enabled=amp_dtype is not None):
                     x = x.to(device)
                     if cfg.train.channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)

@@ -1,6 +1,7 @@
 """Forward-pass latency under a recorded timing protocol.
 
-Protocol (defaults follow the benchmark's profiling tool: 10 warm-up passes, 300 timed images): ``warmup``
+Protocol (CPU defaults follow the benchmark's profiling tool: 10 warm-up passes, 300 timed images; on CUDA the
+defaults are the MSB paper's 100 warm-up + 5 x 1,000 timed passes at 256 and 512, :func:`protocol_defaults`): ``warmup``
 untimed passes, then ``repeats`` x ``timed_passes`` timed passes of the model's ``forward`` on one fixed
 random input batch already on the device, under ``torch.inference_mode()`` (and ``torch.autocast`` for AMP).
 The timed region is the forward call only: no host-to-device copy, no test-time combination of outputs, no
@@ -24,7 +25,21 @@ from torch import nn
 
 from msb.errors import MSBError
 
-__all__ = ["TimingProtocol", "TimingResult", "autocast_context", "time_forward"]
+__all__ = ["TimingProtocol", "TimingResult", "autocast_context", "time_forward", "protocol_defaults",
+           "CUDA_PROTOCOL", "CPU_PROTOCOL"]
+
+#: the MSB paper's GPU protocol: device-resident input, batch 1, 100 warm-up + 5 repeats x 1,000 timed passes,
+#: CUDA events, at 256 x 256 and 512 x 512 (``msb profile --device cuda`` without options)
+CUDA_PROTOCOL = {"warmup": 100, "timed_passes": 1000, "repeats": 5, "sizes": ("256", "512")}
+#: CPU defaults (the benchmark tool's 10 warm-ups and 300 timed images; the paper protocol takes hours on a CPU)
+CPU_PROTOCOL = {"warmup": 10, "timed_passes": 100, "repeats": 3, "sizes": ()}
+
+
+def protocol_defaults(device: str) -> dict[str, Any]:
+    """Default ``warmup``, ``timed_passes``, ``repeats`` and input ``sizes`` (px, strings as on the command line;
+    empty = the pipeline's default) of ``msb profile --device DEVICE``: :data:`CUDA_PROTOCOL` for ``cuda``, else
+    :data:`CPU_PROTOCOL`."""
+    return dict(CUDA_PROTOCOL if device == "cuda" else CPU_PROTOCOL)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,17 @@ atomically. Run folders are trained and evaluated by :mod:`msb.engine.runner`, w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from msb.config.generate import find_configs_root
 from msb.data.prepare import ensure_dataset
 from msb.data.schema import PreparedDataset
+from msb.engine import distributed
+from msb.engine.acceleration import OutOfDeviceMemory
 from msb.engine.runner import RunOutcome
+from msb.errors import MSBError
 from msb.notify.study import notify_on_completion
 from msb.study.crossval import cross_validate, ensure_folds
 from msb.study.external import resolve_external
@@ -35,6 +40,7 @@ from msb.study.search import run_search
 from msb.study.storage import close_storage, default_storage_url, open_storage
 from msb.study.units import (StudyContext, StudyUnit, check_spec, prepare_lock, study_lock, study_units,
                              write_state)
+from msb.utils.atomic import atomic_write_text
 from msb.utils.locks import file_lock
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
@@ -76,11 +82,14 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
             (:func:`msb.study.units.study_lock`).
 
     Returns:
-        One :class:`RunOutcome` per evaluated run (fold runs and the ensemble, or the single final run).
+        One :class:`RunOutcome` per evaluated run (fold runs and the ensemble, or the single final run). A unit
+        whose training runs out of GPU memory (:class:`~msb.engine.acceleration.OutOfDeviceMemory`) is excluded:
+        its one-line reason goes to the log and to ``_study/<unit>/excluded.json``, the other units go on (under
+        DDP the job stops instead: the other ranks died inside the failed step).
 
     Raises:
         MSBError: config errors, a changed study spec, failed work items, unreachable storage, data errors,
-            another plain run of the study holding its lock (without ``wait``).
+            another plain run of the study holding its lock (without ``wait``); every unit excluded.
     """
     units = study_units(study_path, run_root)
     if not units:
@@ -112,16 +121,17 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
             if u.has_work_items:
                 check_spec(u)
                 _open_storage(ctx, units)
-            write_state(u, phase="search")
-            sel = run_search(u, ds, ctx)
-            if u.spec.cross_validation is None:
-                write_state(u, phase="final")
-                outcomes.append(final_single(u, sel, ds, ctx))
-                continue
-            write_state(u, phase="cv")
-            _, folds_sha = cross_validate(u, sel, ds, ctx)
-            write_state(u, phase="final")
-            outcomes += finalize_folds(u, sel, ds, ctx, folds_sha)
+            try:
+                outcomes += _train_unit(u, ds, ctx)
+                (u.state_dir / "excluded.json").unlink(missing_ok=True)  # a rerun that fits is no longer excluded
+            except OutOfDeviceMemory as exc:
+                if distributed.current() is not None:
+                    raise  # the other ranks stopped inside the failed step: the job ends (torchrun stops them)
+                log(f"[{u.name}] excluded: {exc}")
+                atomic_write_text(u.state_dir / "excluded.json", json.dumps({"reason": str(exc)}, indent=2))
+        if not outcomes:
+            raise MSBError(f"{units[0].root}: every run was excluded (see _study/<unit>/excluded.json); nothing to "
+                           f"score; lower train.batch_size or data.input_size and rerun")
         write_study_manifest(units, ctx.url)
     finally:
         if ctx.storage is not None:
@@ -130,3 +140,16 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
             except Exception as exc:  # noqa: BLE001 - never hide the study's own error behind a closing one
                 log(f"closing the optuna storage failed ({type(exc).__name__}: {exc})")
     return outcomes
+
+
+def _train_unit(u: StudyUnit, ds: Any, ctx: StudyContext) -> list[RunOutcome]:
+    """Search, cross-validate (if configured) and finalise one unit; its outcomes."""
+    write_state(u, phase="search")
+    sel = run_search(u, ds, ctx)
+    if u.spec.cross_validation is None:
+        write_state(u, phase="final")
+        return [final_single(u, sel, ds, ctx)]
+    write_state(u, phase="cv")
+    _, folds_sha = cross_validate(u, sel, ds, ctx)
+    write_state(u, phase="final")
+    return finalize_folds(u, sel, ds, ctx, folds_sha)
