@@ -19,13 +19,13 @@ from msb.errors import MSBError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
-# arch -> (epochs, batch, bce_weighting, amp, test_time_normalisation, evaluation.checkpoint, selection_split)
+# arch -> (epochs, batch, bce_weighting, precision, test_time_normalisation, evaluation.checkpoint, selection_split)
 OFFICIAL = {
-    "pranet": (19, 16, "reference", "off", "minmax", "latest", "val"),
-    "polyp_pvt": (99, 16, "reference", "off", "minmax", "best", "test"),
-    "pvt_cascade": (99, 16, "reference", "off", "minmax", "best", "test"),
-    "g_cascade": (199, 4, "reference", "off", "minmax", "best", "test"),
-    "sanet": (128, 64, "weighted", "auto", "none", "latest", "val"),  # dice_bce: bce_weighting unused
+    "pranet": (19, 16, "reference", "fp32", "minmax", "latest", "val"),
+    "polyp_pvt": (99, 16, "reference", "fp32", "minmax", "best", "test"),
+    "pvt_cascade": (99, 16, "reference", "fp32", "minmax", "best", "test"),
+    "g_cascade": (199, 4, "reference", "fp32", "minmax", "best", "test"),
+    "sanet": (128, 64, "weighted", "fp16", "none", "latest", "val"),  # apex O2 = fp16; bce_weighting unused
 }
 
 
@@ -38,11 +38,11 @@ def _runs(tmp_path: Path, recipe: str) -> dict:
 
 def test_official_overlays_set_what_the_scripts_do(tmp_path: Path):
     official, controlled = _runs(tmp_path, "official"), _runs(tmp_path, "controlled")
-    for arch, (epochs, batch, bce, amp, norm, role, sel) in OFFICIAL.items():
+    for arch, (epochs, batch, bce, precision, norm, role, sel) in OFFICIAL.items():
         o, c = official[arch], controlled[arch]
-        got = (o.train.epochs, o.train.batch_size, o.train.loss.bce_weighting, o.train.amp,
+        got = (o.train.epochs, o.train.batch_size, o.train.loss.bce_weighting, o.train.precision,
                o.evaluation.test_time_normalisation, o.evaluation.checkpoint, o.checkpoint.selection_split)
-        assert got == (epochs, batch, bce, amp, norm, role, sel), arch
+        assert got == (epochs, batch, bce, precision, norm, role, sel), arch
         assert o.recipe == "official" and o.evaluation.metrics.legacy  # threshold-averaged mDice at test
         # the controlled protocol: validation selection, no min-max, best checkpoint, published weighted BCE
         assert (c.recipe, c.checkpoint.selection_split, c.evaluation.test_time_normalisation,

@@ -92,6 +92,7 @@ def test_world_of_one_is_bitwise_the_plain_trainer(tmp_path: Path, monkeypatch):
     ds = ensure_dataset(run.config)
     train_run(run, tmp_path / "plain", ds)
     monkeypatch.setenv("MSB_FORCE_DIST", "1")
+    monkeypatch.setattr(distributed, "_CURRENT", None)  # teardown restores None, never the destroyed group
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(_free_port())}.items():
         monkeypatch.setenv(k, v)
@@ -101,7 +102,7 @@ def test_world_of_one_is_bitwise_the_plain_trainer(tmp_path: Path, monkeypatch):
         train_run(run, tmp_path / "ddp", ds)
     finally:
         tdist.destroy_process_group()
-        monkeypatch.setattr(distributed, "_CURRENT", None)
+        distributed._CURRENT = None  # later tests in this process are single-process runs again
     a = torch.load(tmp_path / "plain" / "checkpoints" / "latest.pt", weights_only=False)["model"]
     b = torch.load(tmp_path / "ddp" / "checkpoints" / "latest.pt", weights_only=False)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
