@@ -292,7 +292,7 @@ def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>
     res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by,
                        posthoc=posthoc)
     for item in res.checklist:
-        log(f"{'PASS' if item.passed else 'FAIL'}  {item.item}: {item.evidence}")
+        log(f"{item.status:<4}  {item.item}: {item.evidence}")
     for note in res.notes:
         log(f"note: {note}")
     log(f"report written to {res.html} and {res.markdown} ({len(res.figures)} figure files, "
@@ -365,16 +365,34 @@ def _click_exception_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+_TERMINATED: dict[str, int] = {}
+#: Exit status after SIGTERM (128 + 15, the shell convention) and its message.
+SIGTERM_EXIT = 143
+SIGTERM_MESSAGE = ("terminated (SIGTERM): stopped like Ctrl-C; finished epochs, runs and evaluations are saved "
+                   "(resume state, checkpoints); run the same command again to continue")
+
+
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    _TERMINATED["signal"] = signum
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupted() -> None:
+    """Print the interruption message and exit: 143 after SIGTERM, 130 after Ctrl-C."""
+    if _TERMINATED:
+        err_console.print(SIGTERM_MESSAGE, highlight=False, soft_wrap=True)
+        sys.exit(SIGTERM_EXIT)
+    err_console.print("aborted")
+    sys.exit(130)
 
 
 def main() -> None:
     """Console-script entry point.
 
     A :class:`MSBError` prints one line and exits 2; a usage error (unknown command/option, bad value) prints
-    click's short usage message and exits 2; Ctrl-C (and SIGTERM, handled the same way: a study re-opens its
-    running trial) prints ``aborted`` and exits 130 (a rerun of ``msb run`` resumes). ``msb --debug ...``
+    click's short usage message and exits 2; Ctrl-C prints ``aborted`` and exits 130; SIGTERM is handled the
+    same way (a study re-opens its running trial, the resume state is kept) but prints
+    :data:`SIGTERM_MESSAGE` and exits 143 (a rerun of ``msb run`` resumes). ``msb --debug ...``
     re-raises errors with their traceback.
     """
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -386,8 +404,7 @@ def main() -> None:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted")
-        sys.exit(130)
+        _interrupted()
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except _click_exception_types() as exc:
@@ -395,7 +412,7 @@ def main() -> None:
         sys.exit(getattr(exc, "exit_code", 2))
     if isinstance(rc, int) and rc != 0:  # typer returns the code of an interrupted command instead of raising
         if rc == 130:
-            err_console.print("aborted")
+            _interrupted()
         sys.exit(rc)
 
 

@@ -99,7 +99,12 @@ def test_selection_on_test_split_is_an_error(configs: Path):
 
 def test_missing_layer_and_bad_yaml(configs: Path):
     _write(configs / "studies" / "s.yaml", {"study": "s", "datasets": ["nope"], "architectures": ["unet_a"]})
-    with pytest.raises(MSBError, match=r"nope\.yaml: config file not found"):
+    with pytest.raises(MSBError, match=r"s\.yaml: unknown dataset 'nope' \(no .*datasets/nope\.yaml\)"
+                                       r" available: toy$"):
+        generate_runs(configs / "studies" / "s.yaml")
+    _write(configs / "studies" / "s.yaml", {"study": "s", "datasets": ["toy"], "architectures": ["unet_c"]})
+    with pytest.raises(MSBError, match=r"unknown architecture 'unet_c' .*; did you mean 'unet_b' or 'unet_a'\? "
+                                       r"available: unet_a, unet_b$"):  # equal difflib ratios: larger string first
         generate_runs(configs / "studies" / "s.yaml")
     _write(configs / "studies" / "bad.yaml", "study: [unclosed\n")
     with pytest.raises(MSBError, match=r"bad\.yaml: line \d+, column \d+ is not valid YAML"):
