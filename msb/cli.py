@@ -77,11 +77,30 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
                          heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
     paths = [p for o in outcomes for p in o.counts_paths]
-    table = reaggregate(read_counts(paths))
+    counts = read_counts(paths)
+    table = reaggregate(counts)
     out_dir = outcomes[0].run_dir.parent
     written = write_scores(table, out_dir)
     console.print(render_scores_table(table))
     log(f"scores written to {', '.join(str(p) for p in written)}")
+    _print_leaderboards(counts, out_dir)
+
+
+def _print_leaderboards(counts, out_dir: Path) -> None:
+    """The closing leaderboard of ``msb run`` (:mod:`msb.analysis.leaderboard`) and where the report goes."""
+    from msb.analysis.leaderboard import N_BOOT, study_leaderboards
+
+    for lb in study_leaderboards(counts):
+        t = Table(title=f"Leaderboard {lb.dataset}/{lb.split} (rank by image-macro Dice; {N_BOOT} bootstrap "
+                        f"replicates over images)")
+        for c in lb.table.columns:
+            t.add_column(str(c), no_wrap=c in ("rank", "system", "images"), justify="right" if c != "system" else "left")
+        for row in lb.table.itertuples(index=False):
+            t.add_row(*(str(v) for v in row))
+        console.print(t)
+        for line in lb.lines:
+            log(line)
+    log(f"full report (CIs, tests, figures, checklist): msb report {out_dir}")
 
 
 @app.command()

@@ -34,4 +34,4 @@ def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
 
 def log(msg: str) -> None:
     """One status line."""
-    console.print(msg, highlight=False, markup=False)
+    console.print(msg, highlight=False, markup=False, soft_wrap=True)  # a log line is never hard-wrapped

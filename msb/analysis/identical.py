@@ -27,12 +27,14 @@ _KEY = ["image_id", "class_id"]
 @dataclass(frozen=True)
 class IdenticalGroup:
     """Systems found identical: ``kept`` (the one shown), ``others`` (named once, left out), ``reason``,
-    ``n_images`` (images compared)."""
+    ``n_images`` (images compared), ``n_defined`` (images whose Dice is defined: some class with
+    ``2 TP + FP + FN > 0``; the paired differences that would all be zero)."""
 
     kept: str
     others: tuple[str, ...]
     reason: str
     n_images: int
+    n_defined: int = 0
 
     def sentence(self) -> str:
         """One line naming the group, e.g. ``"B is identical to A (same checkpoint SHA-256 1a2b3c4d…)"``."""
@@ -107,8 +109,8 @@ def identical_groups(systems: Sequence[System], eval_dirs: Mapping[tuple[str, st
                 used.add(b.label)
                 reason = reason or why
         if others:
-            n = int(a.rows["image_id"].astype(str).nunique())
-            groups.append(IdenticalGroup(a.label, tuple(others), reason, n))
+            den = (2 * a.rows["tp"] + a.rows["fp"] + a.rows["fn"]).groupby(a.rows["image_id"].astype(str)).max()
+            groups.append(IdenticalGroup(a.label, tuple(others), reason, int(len(den)), int((den > 0).sum())))
     return groups
 
 

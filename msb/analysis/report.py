@@ -201,7 +201,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
     n_systems_max = max((len(b.systems) for b in block_data.values()), default=0)
     n_tests, identical, unit = 0, identical or {}, distance_unit(metrics_df)
     tests: dict[tuple[str, str], BlockTests] = {}
-    zero_pairs = [(f"{', '.join(g.others)} = {g.kept}", g.n_images) for gs in identical.values() for g in gs]
+    zero_pairs = [(f"{', '.join(g.others)} = {g.kept}", g.n_defined) for gs in identical.values() for g in gs]
     # ---------------- header
     doc.md.append(f"# Benchmark report: {study}\n")
     n_img = counts.drop_duplicates(["dataset", "split", "image_id"]).shape[0]
