@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 
 from msb.cli_common import app, console, err_console, log, state as _state, track
+from msb.cli_format import FORMAT_HELP, print_leaderboards as _print_leaderboards, print_scores as _print_scores, resolve_format
 from msb.errors import MSBError
 
 
@@ -68,11 +69,14 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
         grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead."),
         wait: bool = typer.Option(False, "--wait", help="If another plain 'msb run' of this study is running, wait "
-                                  "for it to end instead of stopping.")) -> None:
+                                  "for it to end instead of stopping."),
+        format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
-    from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
+    from msb.analysis.aggregate import reaggregate, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.study.pipeline import run_study
+
+    fmt = resolve_format(format)
 
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
                          heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
@@ -81,26 +85,9 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     table = reaggregate(counts)
     out_dir = outcomes[0].run_dir.parent
     written = write_scores(table, out_dir)
-    console.print(render_scores_table(table))
+    _print_scores(table, fmt)
     log(f"scores written to {', '.join(str(p) for p in written)}")
-    _print_leaderboards(counts, out_dir)
-
-
-def _print_leaderboards(counts, out_dir: Path) -> None:
-    """The closing leaderboard of ``msb run`` (:mod:`msb.analysis.leaderboard`) and where the report goes."""
-    from msb.analysis.leaderboard import N_BOOT, study_leaderboards
-
-    for lb in study_leaderboards(counts):
-        t = Table(title=f"Leaderboard {lb.dataset}/{lb.split} (rank by image-macro Dice; {N_BOOT} bootstrap "
-                        f"replicates over images)")
-        for c in lb.table.columns:
-            t.add_column(str(c), no_wrap=c in ("rank", "system", "images"), justify="right" if c != "system" else "left")
-        for row in lb.table.itertuples(index=False):
-            t.add_row(*(str(v) for v in row))
-        console.print(t)
-        for line in lb.lines:
-            log(line)
-    log(f"full report (CIs, tests, figures, checklist): msb report {out_dir}")
+    _print_leaderboards(counts, out_dir, fmt)
 
 
 @app.command()
@@ -158,14 +145,17 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 seed: int = typer.Option(0, help="Bootstrap seed."),
                 system_by: str = typer.Option("run", help="What --compare compares: run | model."),
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
-                                                            "Friedman, nemenyi | conover.")) -> None:
+                                                            "Friedman, nemenyi | conover."),
+                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
-    from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, render_scores_table, write_scores
+    from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, write_scores
+
+    fmt = resolve_format(format)
     from msb.analysis.counts_io import read_counts_with_report
 
     df, report = read_counts_with_report(paths)
-    for note in report.notes:
-        log(note)
+    for note in report.notes:  # on stderr when stdout carries data (csv / json / markdown)
+        log(note) if fmt == "table" else err_console.print(note, highlight=False, markup=False, soft_wrap=True)
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
     if by_threshold:
         group = (*group, "threshold", "threshold_on")
@@ -176,7 +166,7 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                      posthoc)
         return
     table = _reagg(df, group_by=group)
-    console.print(render_scores_table(table))
+    _print_scores(table, fmt)
     if out is not None:
         written = write_scores(table, out)
         log(f"written: {', '.join(str(p) for p in written)}")

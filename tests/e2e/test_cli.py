@@ -384,7 +384,14 @@ def test_kvasir_ci_variant(shared_dir: Path, tmp_path: Path):
     """The CI variant of configs/studies/kvasir_unet_cpu.yaml: converter + chain + artifacts on real data."""
     if not (shared_dir / "data" / "kvasir-seg" / "images").is_dir():
         pytest.skip("../shared/data/kvasir-seg not found")
-    r = msb("run", "configs/studies/kvasir_unet_ci.yaml", "--run-root", str(tmp_path / "runs"))
+    # the dataset is prepared into tmp_path, not datasets/kvasir_seg of the source tree
+    study = tmp_path / "kvasir_unet_ci.yaml"
+    study.write_text(yaml.safe_dump({
+        "_base_": str(REPO / "configs" / "studies" / "kvasir_unet_ci.yaml"), "configs_root": str(REPO / "configs"),
+        "overrides": {"data": {"root": str(tmp_path / "datasets" / "kvasir_seg"),
+                               "prepare": {"converter": "kvasir-seg",
+                                           "source": str(shared_dir / "data" / "kvasir-seg")}}}}))
+    r = msb("run", str(study), "--run-root", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stdout + r.stderr
     counts_files = list((tmp_path / "runs" / "kvasir_unet_ci").glob("*/evaluation/best/counts.parquet"))
     assert len(counts_files) == 1
