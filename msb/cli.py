@@ -215,9 +215,15 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         for path in written:
             fault_point("metrics.written")
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
+    from msb.analysis.summary import distance_unit
+
     for path in written:
-        summary = summarize_metrics(pd.read_parquet(path))
-        table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention})")
+        mt = pd.read_parquet(path)
+        summary = summarize_metrics(mt)
+        unit = distance_unit(mt)  # px without a dataset spacing, mm with one
+        summary["metric"] = [f"{m} [{unit}]" if str(m).startswith(("hd", "assd", "masd", "asd", "directed")) else m
+                             for m in summary["metric"]]
+        table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention}; distances in {unit})")
         for col in summary.columns:
             table.add_column(str(col), justify="right" if summary[col].dtype.kind in "fi" else "left",
                              overflow="fold")

@@ -152,7 +152,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     study = _write_project()(root, {"study": "e2e", "overrides": {"evaluation": {
         "checkpoint": "both", "compute_metrics": False, "metrics": {"hd_convention": "medpy"}}}})
-    r = msb("run", str(study))
+    r = msb("run", str(study), "--format", "table")  # the terminal tables (stdout is a pipe here: csv by default)
     assert r.returncode == 0, r.stdout + r.stderr
     run_dirs = [p for p in (root / "runs" / "e2e").iterdir() if (p / "config.yaml").is_file()]
     assert len(run_dirs) == 1
@@ -178,8 +178,11 @@ def test_run_evaluate_reaggregate_chain(trained):
         # counts = the stored predictions recounted against the dataset's mask files
         _assert_counts_match_files(c, rd / "evaluation" / role, data)
 
-    # what `msb run` prints: the score table of every evaluated checkpoint; Dice recomputed from the counts
-    (table,) = _printed_tables(r.stdout)
+    # what `msb run` prints: the score table of every evaluated checkpoint (Dice recomputed from the counts),
+    # then the leaderboard of the study's systems (here one run x two checkpoint roles)
+    table, board = _printed_tables(r.stdout)
+    ds = str(counts["best"]["dataset"].iloc[0])
+    assert sorted(board["system"]) == [f"{rd.name.removeprefix(ds + '-')}@{role}" for role in ("best", "latest")]
     printed = table.set_index(["checkpoint_role", "aggregation"])
     assert set(printed.index) == {(role, rule) for role in ("best", "latest")
                                   for rule in ("global-micro", "image-macro", "class-macro")}, r.stdout
@@ -257,8 +260,8 @@ def test_metrics_command_hd95_matches_medpy(trained):
                                                  rel=1e-12, abs=1e-12), row.image_id
                 n_checked += 1
         # the printed summary: image mean of hd95 over the rows with a value, under the convention shown
-        assert f"{role}/metrics.parquet (convention: medpy)" in r.stdout
-        shown = table[(table["metric"] == "hd95") & (table["aggregation"] == "image_mean")]
+        assert f"{role}/metrics.parquet (convention: medpy; distances in px)" in r.stdout  # no spacing in index.csv
+        shown = table[(table["metric"] == "hd95 [px]") & (table["aggregation"] == "image_mean")]
         assert len(shown) == 1 and shown["hd_convention"].iloc[0] == "medpy", r.stdout
         assert shown["value"].iloc[0] == f"{m['hd95'].mean():.4f}", r.stdout
         assert shown["n_used"].iloc[0] == str(int(m["hd95"].notna().sum()))
