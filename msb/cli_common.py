@@ -18,6 +18,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 data_app = typer.Typer(no_args_is_help=True, help="Prepare, synthesise and validate datasets.")
 app.add_typer(data_app, name="data")
 
+
+def _flag_type(self, ctx):  # typer 0.2x shows "<bool>" in the type column of plain on/off flags
+    return None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx)
+
+
+try:  # no type label for flags in --help (they take no value); other options keep theirs
+    from typer.core import TyperOption
+
+    _display_type_rich = TyperOption.display_type_rich
+    TyperOption.display_type_rich = _flag_type
+except (ImportError, AttributeError):  # pragma: no cover - another typer layout: help shows what typer shows
+    pass
+
 console = Console()
 err_console = Console(stderr=True)
 state = {"debug": False}

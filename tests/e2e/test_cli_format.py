@@ -54,3 +54,9 @@ def test_reaggregate_formats_when_piped(tmp_path: Path):
     r = _msb("reaggregate", str(study), "--format", "xml")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: --format must be one of table, csv, json, markdown, not 'xml'"]
+
+
+def test_help_shows_no_bool_type_on_flags():
+    r = _msb("run", "--help")
+    assert r.returncode == 0 and "--worker" in r.stdout and "--wait" in r.stdout
+    assert "<bool>" not in r.stdout and "<str>" in r.stdout  # value options keep their type
