@@ -177,16 +177,19 @@ def significance_sentences(tests: BlockTests | None, n_systems: int,
     d = d[d["aggregation"] == "image-macro"] if len(d) else d
     for r in w.itertuples():
         dd = d[(d["system_a"] == r.system_a) & (d["system_b"] == r.system_b)]
-        diff = (f"Dice {r.system_a} − {r.system_b} = "
-                + _fmt_ci(float(dd["difference"].iloc[0]), float(dd["ci_low"].iloc[0]), float(dd["ci_high"].iloc[0]))
-                if len(dd) else f"{r.system_a} vs {r.system_b}")
+        a, b, sign = r.system_a, r.system_b, 1.0
+        if len(dd) and float(dd["difference"].iloc[0]) < 0:  # state the better system first (a − b > 0)
+            a, b, sign = b, a, -1.0
+        lo, hi = (sign * float(dd["ci_low"].iloc[0]), sign * float(dd["ci_high"].iloc[0])) if len(dd) else (0, 0)
+        diff = (f"Dice {a} − {b} = " + _fmt_ci(sign * float(dd["difference"].iloc[0]), min(lo, hi), max(lo, hi))
+                if len(dd) else f"{a} vs {b}")
         if not np.isfinite(r.p_value):
             out.append(f"{diff}: not testable: all {int(r.n)} paired differences are zero.")
             continue
         verdict = "significant" if r.p_adjusted < 0.05 else "not significant"
         out.append(f"{diff} (image-macro, paired bootstrap); Wilcoxon signed-rank p = {r.p_value:.3g}, "
                    f"BH-adjusted p = {r.p_adjusted:.3g} ({verdict} at 0.05), rank-biserial r = "
-                   f"{r.rank_biserial:+.2f}, n = {int(r.n)} images.")
+                   f"{sign * r.rank_biserial:+.2f} (> 0: {a} higher), n = {int(r.n)} images.")
     fr = tests.friedman
     if fr is not None:
         out.append(f"{fr.test}: chi2 = {fr.statistic:.3g}, p = {fr.p_value:.3g} (n = {fr.n} images, k = {fr.k}); "
