@@ -221,7 +221,8 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         mt = pd.read_parquet(path)
         summary = summarize_metrics(mt)
         unit = distance_unit(mt)  # px without a dataset spacing, mm with one
-        summary["metric"] = [f"{m} [{unit}]" if str(m).startswith(("hd", "assd", "masd", "asd", "directed")) else m
+        tag = unit.replace(" ", "_")  # hd95_px / hd95_mm: the unit in the name (rich would eat "[px]" as markup)
+        summary["metric"] = [f"{m}_{tag}" if str(m).startswith(("hd", "assd", "masd", "asd", "directed")) else m
                              for m in summary["metric"]]
         table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention}; distances in {unit})")
         for col in summary.columns:
@@ -351,12 +352,17 @@ def explain(paths: List[str] = typer.Argument(..., help="Run folder(s) runs/<stu
 
 
 @app.command("models")
-def list_models() -> None:
-    """List the registered architectures."""
+def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root (holds architectures/)."),
+                params: bool = typer.Option(False, "--params", help="Also build each model and count its parameters "
+                                            "(slow for the PVT-based ones)."),
+                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+    """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
+    from msb.cli_format import emit_frame
+    from msb.cli_models import architecture_catalog
     from msb.models.registry import available_architectures
 
-    for name in available_architectures():
-        console.print(name)
+    emit_frame(architecture_catalog(configs, params), resolve_format(format), f"Architecture configs in {configs}")
+    log(f"registry adapters: {', '.join(available_architectures())}")
 
 
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)

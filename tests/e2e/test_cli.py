@@ -182,7 +182,12 @@ def test_run_evaluate_reaggregate_chain(trained):
     # then the leaderboard of the study's systems (here one run x two checkpoint roles)
     table, board = _printed_tables(r.stdout)
     ds = str(counts["best"]["dataset"].iloc[0])
-    assert sorted(board["system"]) == [f"{rd.name.removeprefix(ds + '-')}@{role}" for role in ("best", "latest")]
+    labels = [f"{rd.name.removeprefix(ds + '-')}@{role}" for role in ("best", "latest")]
+    key = ["image_id", "class_id", "tp", "fp", "fn", "tn", "checkpoint_sha256"]
+    same = counts["best"][key].sort_values(key).reset_index(drop=True).equals(
+        counts["latest"][key].sort_values(key).reset_index(drop=True))  # best = latest epoch: one checkpoint
+    assert sorted(board["system"]) == (labels[:1] if same else labels), r.stdout
+    assert (f"{labels[1]} is identical to {labels[0]} (same checkpoint SHA-256" in r.stdout) == same
     printed = table.set_index(["checkpoint_role", "aggregation"])
     assert set(printed.index) == {(role, rule) for role in ("best", "latest")
                                   for rule in ("global-micro", "image-macro", "class-macro")}, r.stdout
@@ -261,7 +266,7 @@ def test_metrics_command_hd95_matches_medpy(trained):
                 n_checked += 1
         # the printed summary: image mean of hd95 over the rows with a value, under the convention shown
         assert f"{role}/metrics.parquet (convention: medpy; distances in px)" in r.stdout  # no spacing in index.csv
-        shown = table[(table["metric"] == "hd95 [px]") & (table["aggregation"] == "image_mean")]
+        shown = table[(table["metric"] == "hd95_px") & (table["aggregation"] == "image_mean")]
         assert len(shown) == 1 and shown["hd_convention"].iloc[0] == "medpy", r.stdout
         assert shown["value"].iloc[0] == f"{m['hd95'].mean():.4f}", r.stdout
         assert shown["n_used"].iloc[0] == str(int(m["hd95"].notna().sum()))

@@ -60,3 +60,17 @@ def test_help_shows_no_bool_type_on_flags():
     r = _msb("run", "--help")
     assert r.returncode == 0 and "--worker" in r.stdout and "--wait" in r.stdout
     assert "<bool>" not in r.stdout and "<str>" in r.stdout  # value options keep their type
+
+
+def test_models_lists_the_architecture_configs():
+    import yaml
+
+    r = _msb("models", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    shown = pd.read_csv(io.StringIO(r.stdout.split("registry adapters:")[0])).set_index("config")
+    names = sorted(p.stem for p in (REPO / "configs" / "architectures").glob("*.yaml"))
+    assert sorted(shown.index) == names
+    unet = yaml.safe_load((REPO / "configs" / "architectures" / "unet_r18.yaml").read_text())["model"]
+    assert (shown.loc["unet_r18", "adapter"], shown.loc["unet_r18", "encoder"]) == (unet["arch"], unet["encoder"])
+    b2 = yaml.safe_load((REPO / "configs" / "architectures" / "segformer_b2.yaml").read_text())
+    assert shown.loc["segformer_b0", "input_size"] == "x".join(map(str, b2["data"]["input_size"]))  # via _base_
