@@ -38,10 +38,15 @@ T = TypeVar("T")
 
 
 def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    """Rich progress bar over ``it`` (transient; disabled when stdout is not a terminal)."""
+    """Progress over ``it``: a rich progress bar on a terminal (transient); otherwise (a pipe, a log file) one
+    line per 10 % of ``total`` (:func:`msb.cli_progress.progress_lines`: done/total, items/s, ETA)."""
+    if not console.is_terminal:
+        from msb.cli_progress import progress_lines
+
+        yield from progress_lines(it, desc, total, log)
+        return
     with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
-                  disable=not console.is_terminal) as progress:
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as progress:
         yield from progress.track(it, total=total, description=desc)
 
 
