@@ -329,13 +329,21 @@ def test_explain_two_images_after_one_flag(trained, tmp_path: Path):
 
 
 def test_models_lists_the_registry():
+    """`msb models`: one row per architecture config (csv when piped), each naming a registered adapter; the last
+    line lists every registry adapter."""
+    import io
+
     from msb.models.registry import available_architectures
 
     r = msb("models")
     assert r.returncode == 0, r.stderr
-    printed = r.stdout.split()
+    table, tail = r.stdout.split("registry adapters: ")
+    printed = tail.strip().split(", ")
     assert printed == available_architectures()
     assert {"unet", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer", "g_cascade"} <= set(printed)
+    shown = pd.read_csv(io.StringIO(table))
+    assert len(shown) == len(list((REPO / "configs" / "architectures").glob("*.yaml")))
+    assert set(shown["adapter"]) <= set(printed)
 
 
 def test_data_synth_and_validate(tmp_path: Path):
