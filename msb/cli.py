@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 
 from msb.cli_common import app, console, err_console, log, state as _state, track
+from msb.cli_format import FORMAT_HELP, print_leaderboards as _print_leaderboards, print_scores as _print_scores, resolve_format
 from msb.errors import MSBError
 
 
@@ -71,7 +72,8 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
                                   "for it to end instead of stopping."),
         nproc_per_node: int = typer.Option(0, "--nproc-per-node", min=0, help="Train every run with DDP on this many "
                                            "processes (GPUs) of this machine, launched through torchrun "
-                                           "(docs/training.md); train.batch_size is the global batch.")) -> None:
+                                           "(docs/training.md); train.batch_size is the global batch."),
+        format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
     from msb.engine.distributed import init_from_env, relaunch_with_torchrun, serve, stop_followers
 
@@ -83,20 +85,24 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
 
         serve(ctx, follow_train)  # ranks > 0 train what rank 0 sends until it stops
         return
-    from msb.analysis.aggregate import reaggregate, render_scores_table, write_scores
+    from msb.analysis.aggregate import reaggregate, write_scores
     from msb.analysis.counts_io import read_counts
     from msb.study.pipeline import run_study
+
+    fmt = resolve_format(format)
 
     outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
                          heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
     if ctx is not None:  # after a failure rank 0 just exits: torchrun then stops the other ranks
         stop_followers(ctx)
     paths = [p for o in outcomes for p in o.counts_paths]
-    table = reaggregate(read_counts(paths))
+    counts = read_counts(paths)
+    table = reaggregate(counts)
     out_dir = outcomes[0].run_dir.parent
     written = write_scores(table, out_dir)
-    console.print(render_scores_table(table))
+    _print_scores(table, fmt)
     log(f"scores written to {', '.join(str(p) for p in written)}")
+    _print_leaderboards(counts, out_dir, fmt)
 
 
 @app.command()
@@ -154,16 +160,19 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 seed: int = typer.Option(0, help="Bootstrap seed."),
                 system_by: str = typer.Option("run", help="What --compare compares: run | model."),
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
-                                                            "Friedman, nemenyi | conover.")) -> None:
+                                                            "Friedman, nemenyi | conover."),
+                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
-    from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, render_scores_table, write_scores
+    from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, write_scores
+
+    fmt = resolve_format(format)
     from msb.analysis.counts_io import read_counts_with_report
 
     extended = rules is not None or population or bootstrap or compare
     # the basic table needs no hash, name or source column: columnar read of the others (docs/performance.md)
     df, report = read_counts_with_report(paths, None if extended else ["model"])
-    for note in report.notes:
-        log(note)
+    for note in report.notes:  # on stderr when stdout carries data (csv / json / markdown)
+        log(note) if fmt == "table" else err_console.print(note, highlight=False, markup=False, soft_wrap=True)
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
     if by_threshold:
         group = (*group, "threshold", "threshold_on")
@@ -174,83 +183,10 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                      posthoc)
         return
     table = _reagg(df, group_by=group)
-    console.print(render_scores_table(table))
+    _print_scores(table, fmt)
     if out is not None:
         written = write_scores(table, out)
         log(f"written: {', '.join(str(p) for p in written)}")
-
-
-@app.command()
-def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<run_id>, ensemble folder "
-                                                   "runs/<study>/<run_id>-ensemble, or an evaluation folder inside "
-                                                   "one (evaluation/external/<name>[/<role>])."),
-            legacy: bool = typer.Option(False, "--legacy", help="Also the LEGACY PraNet-template metrics (from the "
-                                        "stored probability maps) and their six-metric table."),
-            table_out: Optional[Path] = typer.Option(None, help="With --legacy: folder of the six-metric table "
-                                                     "(default RUN_DIR/legacy_table)."),
-            card: bool = typer.Option(False, "--card", help="Also the card recipe as written (card_*_as_written), "
-                                      "beside the real HD95; docs/metrics.md.")) -> None:
-    """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
-
-    The target is a run folder, a fold-ensemble folder, or one evaluation folder inside either (an external set
-    or one role of it); every evaluation folder with predictions at or below it is computed, with the metric
-    settings of the run's config.yaml (an ensemble's: its first member's; msb/evaluation/metrics_target.py).
-    Before anything is computed, every evaluation folder is checked: ``counts.parquet`` and each prediction
-    file against the folder's ``digests.json``, and the predictions against the counts' images (a missing or
-    extra prediction file is refused with the ids and the command that regenerates the evaluation). The new
-    ``metrics.parquet``'s digest is recorded after it is written. ``--card`` adds the published card's recipe
-    (``evaluation.metrics.card``) for this computation."""
-    import pandas as pd
-
-    from msb.analysis.counts_io import read_counts_with_report
-    from msb.evaluation.image_metrics import summarize_metrics, write_metrics_table
-    from msb.evaluation.metrics_target import resolve_metrics_target
-    from msb.study.units import study_lock
-    from msb.utils.digests import drop_digest, set_digest
-    from msb.utils.evaluation_folder import check_predictions, regenerate_command, unverified_note
-    from msb.utils.fault_points import fault_point
-    from msb.utils.hashing import sha256_file
-    from msb.utils.interrupted import clean_interrupted_writes
-
-    clean_interrupted_writes(resolve_metrics_target(run_dir).owner, log)
-    target = resolve_metrics_target(run_dir)  # listed again after leftovers of killed writes are gone
-    cfg, eval_dirs = target.config, list(target.eval_dirs)
-    metrics_cfg = cfg.evaluation.metrics.model_copy(update={**({"legacy": True} if legacy else {}),
-                                                            **({"card": True} if card else {})})
-    unverified = []
-    for d in eval_dirs:  # the folders written below
-        if not (d / "counts.parquet").is_file():
-            raise MSBError(f"{d / 'counts.parquet'}: missing, so the predictions cannot be checked against it; "
-                           f"regenerate the evaluation: {regenerate_command(d)}")
-        counts, _ = read_counts_with_report(d / "counts.parquet")  # refuses a digest mismatch
-        if not check_predictions(d, counts["image_id"].astype(str).unique()):
-            unverified.append(d)
-    if unverified:
-        log(unverified_note(unverified))
-    # no `msb run` of the study writes into the run (or ensemble) meanwhile
-    with study_lock(target.owner.resolve().parent, wait=False, log=log):
-        for d in eval_dirs:  # no stale digest for a metrics.parquet about to be replaced
-            drop_digest(d, "metrics.parquet")
-        written = []
-        for d in eval_dirs:
-            path = write_metrics_table(d, metrics_cfg)
-            written.append(path)
-            fault_point("metrics.written")
-            set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
-    for path in written:
-        summary = summarize_metrics(pd.read_parquet(path))
-        table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention})")
-        for col in summary.columns:
-            table.add_column(str(col), justify="right" if summary[col].dtype.kind in "fi" else "left",
-                             overflow="fold")
-        for _, row in summary.iterrows():
-            table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
-        console.print(table)
-    if legacy:
-        from msb.cli_score import print_six_metric_table
-
-        paths = print_six_metric_table(written, table_out or run_dir / "legacy_table")
-        log(f"LEGACY six-metric table written to {', '.join(str(p) for p in paths)}")
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -334,7 +270,7 @@ def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>
     res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by,
                        posthoc=posthoc)
     for item in res.checklist:
-        log(f"{'PASS' if item.passed else 'FAIL'}  {item.item}: {item.evidence}")
+        log(f"{item.status:<4}  {item.item}: {item.evidence}")
     for note in res.notes:
         log(f"note: {note}")
     log(f"report written to {res.html} and {res.markdown} ({len(res.figures)} figure files, "
@@ -378,15 +314,21 @@ def explain(paths: List[str] = typer.Argument(..., help="Run folder(s) runs/<stu
 
 
 @app.command("models")
-def list_models() -> None:
-    """List the registered architectures."""
+def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root (holds architectures/)."),
+                params: bool = typer.Option(False, "--params", help="Also build each model and count its parameters "
+                                            "(slow for the PVT-based ones)."),
+                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+    """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
+    from msb.cli_format import emit_frame
+    from msb.cli_models import architecture_catalog
     from msb.models.registry import available_architectures
 
-    for name in available_architectures():
-        console.print(name)
+    emit_frame(architecture_catalog(configs, params), resolve_format(format), f"Architecture configs in {configs}")
+    log(f"registry adapters: {', '.join(available_architectures())}")
 
 
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
+import msb.cli_metrics  # noqa: E402,F401 - registers ``msb metrics`` (boundary/lesion/legacy metrics)
 import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 import msb.cli_weights  # noqa: E402,F401 - registers ``msb weights list|fetch``
 
@@ -409,16 +351,34 @@ def _click_exception_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+_TERMINATED: dict[str, int] = {}
+#: Exit status after SIGTERM (128 + 15, the shell convention) and its message.
+SIGTERM_EXIT = 143
+SIGTERM_MESSAGE = ("terminated (SIGTERM): stopped like Ctrl-C; finished epochs, runs and evaluations are saved "
+                   "(resume state, checkpoints); run the same command again to continue")
+
+
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    _TERMINATED["signal"] = signum
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _interrupted() -> None:
+    """Print the interruption message and exit: 143 after SIGTERM, 130 after Ctrl-C."""
+    if _TERMINATED:
+        err_console.print(SIGTERM_MESSAGE, highlight=False, soft_wrap=True)
+        sys.exit(SIGTERM_EXIT)
+    err_console.print("aborted")
+    sys.exit(130)
 
 
 def main() -> None:
     """Console-script entry point.
 
     A :class:`MSBError` prints one line and exits 2; a usage error (unknown command/option, bad value) prints
-    click's short usage message and exits 2; Ctrl-C (and SIGTERM, handled the same way: a study re-opens its
-    running trial) prints ``aborted`` and exits 130 (a rerun of ``msb run`` resumes). ``msb --debug ...``
+    click's short usage message and exits 2; Ctrl-C prints ``aborted`` and exits 130; SIGTERM is handled the
+    same way (a study re-opens its running trial, the resume state is kept) but prints
+    :data:`SIGTERM_MESSAGE` and exits 143 (a rerun of ``msb run`` resumes). ``msb --debug ...``
     re-raises errors with their traceback.
     """
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -430,8 +390,7 @@ def main() -> None:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
-        err_console.print("aborted")
-        sys.exit(130)
+        _interrupted()
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except _click_exception_types() as exc:
@@ -439,7 +398,7 @@ def main() -> None:
         sys.exit(getattr(exc, "exit_code", 2))
     if isinstance(rc, int) and rc != 0:  # typer returns the code of an interrupted command instead of raising
         if rc == 130:
-            err_console.print("aborted")
+            _interrupted()
         sys.exit(rc)
 
 

@@ -18,6 +18,19 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 data_app = typer.Typer(no_args_is_help=True, help="Prepare, synthesise and validate datasets.")
 app.add_typer(data_app, name="data")
 
+
+def _flag_type(self, ctx):  # typer 0.2x shows "<bool>" in the type column of plain on/off flags
+    return None if getattr(self, "is_flag", False) else _display_type_rich(self, ctx)
+
+
+try:  # no type label for flags in --help (they take no value); other options keep theirs
+    from typer.core import TyperOption
+
+    _display_type_rich = TyperOption.display_type_rich
+    TyperOption.display_type_rich = _flag_type
+except (ImportError, AttributeError):  # pragma: no cover - another typer layout: help shows what typer shows
+    pass
+
 console = Console()
 err_console = Console(stderr=True)
 state = {"debug": False}
@@ -25,13 +38,18 @@ T = TypeVar("T")
 
 
 def track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
-    """Rich progress bar over ``it`` (transient; disabled when stdout is not a terminal)."""
+    """Progress over ``it``: a rich progress bar on a terminal (transient); otherwise (a pipe, a log file) one
+    line per 10 % of ``total`` (:func:`msb.cli_progress.progress_lines`: done/total, items/s, ETA)."""
+    if not console.is_terminal:
+        from msb.cli_progress import progress_lines
+
+        yield from progress_lines(it, desc, total, log)
+        return
     with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
-                  disable=not console.is_terminal) as progress:
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True) as progress:
         yield from progress.track(it, total=total, description=desc)
 
 
 def log(msg: str) -> None:
     """One status line."""
-    console.print(msg, highlight=False, markup=False)
+    console.print(msg, highlight=False, markup=False, soft_wrap=True)  # a log line is never hard-wrapped

@@ -17,7 +17,7 @@ PKG = Path(msb.__file__).parent
 
 
 def _graph() -> tuple[list[str], dict[str, set[str]]]:
-    g = grimp.build_graph("msb", exclude_type_checking_imports=True)
+    g = grimp.build_graph("msb", exclude_type_checking_imports=True, cache_dir=None)  # no .grimp_cache in the tree
     mods = sorted(g.modules)
     return mods, {m: set(g.find_modules_directly_imported_by(m)) & set(mods) for m in mods}
 

@@ -227,11 +227,19 @@ def resolve_data_root(run: RunInfo) -> Path | None:
 
 @dataclass(frozen=True)
 class ChecklistItem:
-    """One reporting-checklist item: ``item`` (what is checked), ``passed``, ``evidence`` (why)."""
+    """One reporting-checklist item: ``item`` (what is checked), ``passed``, ``evidence`` (why);
+    ``applicable`` False when the item cannot be checked on this study (e.g. every paired difference is zero):
+    then it is neither a PASS nor a FAIL of the study (:attr:`status` ``"N/A"``)."""
 
     item: str
     passed: bool
     evidence: str
+    applicable: bool = True
+
+    @property
+    def status(self) -> str:
+        """``"PASS"``, ``"FAIL"`` or ``"N/A"`` (not applicable / not testable)."""
+        return "N/A" if not self.applicable else ("PASS" if self.passed else "FAIL")
 
 
 def _sha256(path: Path) -> str:
@@ -244,7 +252,8 @@ def _sha256(path: Path) -> str:
 
 def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: pd.DataFrame,
                         metrics: pd.DataFrame | None, n_significance_tests: int,
-                        n_systems: int, n_boot: int) -> list[ChecklistItem]:
+                        n_systems: int, n_boot: int, zero_pairs: Sequence[tuple[str, int]] = ()
+                        ) -> list[ChecklistItem]:
     """Evaluate the reporting checklist of a study.
 
     Args:
@@ -252,6 +261,8 @@ def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: p
             (``metric`` column); metrics: the concatenated ``metrics.parquet`` rows (or None);
         n_significance_tests: paired tests computed; n_systems: systems compared; n_boot: bootstrap replicates
             (0 = no CIs).
+        zero_pairs: ``(pair label, N)`` of the pairs whose N paired per-image differences are all zero
+            (identical systems): with no test computed, significance is "not testable" (N/A), not a FAIL.
 
     Returns:
         Items in order: HD95 reported, recall reported, split protocol stated, external test set, significance
@@ -333,11 +344,20 @@ def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: p
                                 f"(internal split only)")
     items.append(ChecklistItem("External test set", ext, "; ".join(ext_evidence)))
     # significance
-    items.append(ChecklistItem(
-        "Significance tested", n_significance_tests > 0,
-        (f"{n_significance_tests} paired Wilcoxon signed-rank test(s) between {n_systems} systems, "
-         f"Benjamini-Hochberg adjusted") if n_significance_tests else
-        f"{n_systems} system(s): no pair of systems on the same images to test"))
+    if n_significance_tests:
+        items.append(ChecklistItem(
+            "Significance tested", True, f"{n_significance_tests} paired Wilcoxon signed-rank test(s) between "
+                                         f"{n_systems} systems, Benjamini-Hochberg adjusted"))
+    elif zero_pairs:
+        items.append(ChecklistItem(
+            "Significance tested", False, "; ".join(f"not testable: all {n} paired differences are zero ({pair})"
+                                                    for pair, n in zero_pairs), applicable=False))
+    elif n_systems < 2:
+        items.append(ChecklistItem("Significance tested", False,
+                                   f"not applicable: {n_systems} system(s), nothing to compare", applicable=False))
+    else:
+        items.append(ChecklistItem("Significance tested", False,
+                                   f"{n_systems} systems but no pair of systems on the same images to test"))
     items.append(ChecklistItem(
         "Uncertainty (confidence intervals) reported", n_boot > 0,
         f"image-level percentile bootstrap, {n_boot} replicates" if n_boot > 0

@@ -24,21 +24,30 @@ from matplotlib.figure import Figure
 
 from msb.utils.atomic import atomic_path
 
-__all__ = ["OVERLAY_COLORS", "FIGURE_DATA_COLUMNS", "figure_data", "save_figure", "score_distributions",
+__all__ = ["OVERLAY_COLORS", "DPI", "PALETTE", "color", "FIGURE_DATA_COLUMNS", "figure_data", "save_figure", "score_distributions",
            "paired_differences", "ranking_changes", "dice_vs_hd95", "overlay_rgb", "overlay_grid"]
 
 #: RGB colours of the overlay: true positive, false positive, false negative.
 OVERLAY_COLORS = {"tp": (0, 200, 0), "fp": (230, 0, 0), "fn": (0, 80, 255)}
-_DPI = 110
+#: Resolution of every saved PNG (dots per inch); SVGs are vector.
+DPI = 150
+#: Colour-blind-safe qualitative palette (Okabe & Ito, "Color Universal Design", 2008), cycled per system.
+PALETTE: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
+                            "#000000")
 #: Columns of :func:`figure_data`.
 FIGURE_DATA_COLUMNS: tuple[str, ...] = ("series", "kind", "x", "y", "low", "high", "label")
 _DATA_ATTR = "_msb_plotted"
 
 
 def _figure(w: float, h: float) -> Figure:
-    fig = Figure(figsize=(w, h), dpi=_DPI, layout="constrained")
+    fig = Figure(figsize=(w, h), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def color(i: int) -> str:
+    """The ``i``-th colour of :data:`PALETTE` (cycled)."""
+    return PALETTE[i % len(PALETTE)]
 
 
 def figure_data(fig: Figure) -> pd.DataFrame:
@@ -110,8 +119,8 @@ def score_distributions(scores: Mapping[str, np.ndarray], estimates: Mapping[str
     pos = np.arange(1, len(labels) + 1)
     ax.boxplot([d if d.size else [np.nan] for d in data], positions=pos, widths=0.5, showfliers=False,
                medianprops={"color": "0.3"})
-    for p, d, k in zip(pos, data, labels):
-        sc = ax.scatter(p + rng.uniform(-0.15, 0.15, d.size), d, s=16, alpha=0.7, color="tab:blue", linewidths=0,
+    for i, (p, d, k) in enumerate(zip(pos, data, labels)):
+        sc = ax.scatter(p + rng.uniform(-0.15, 0.15, d.size), d, s=16, alpha=0.7, color=color(i), linewidths=0,
                         zorder=3)
         _record(fig, k, "point", sc.get_offsets())
     for p, k in zip(pos, labels):
@@ -126,7 +135,7 @@ def score_distributions(scores: Mapping[str, np.ndarray], estimates: Mapping[str
     ax.set_ylabel(metric_label)
     ax.set_title(title or f"{metric_label} per image")
     if any(k in estimates for k in labels):
-        ax.legend(loc="lower left", fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # outside the data
     return fig
 
 
@@ -145,7 +154,7 @@ def paired_differences(diffs: Mapping[str, np.ndarray], estimates: Mapping[str, 
     for i, k in enumerate(labels):
         d = np.asarray(diffs[k], dtype=np.float64)
         d = d[np.isfinite(d)]
-        sc = ax.scatter(d, i + rng.uniform(-0.18, 0.18, d.size), s=9, alpha=0.45, color="tab:orange", linewidths=0)
+        sc = ax.scatter(d, i + rng.uniform(-0.18, 0.18, d.size), s=9, alpha=0.45, color=color(1), linewidths=0)
         _record(fig, k, "point", sc.get_offsets())
         if k in estimates:
             e, lo, hi = estimates[k]
@@ -172,10 +181,10 @@ def ranking_changes(ranks: pd.DataFrame, title: str = "Rank under each aggregati
     systems = sorted(set(ranks["system"]))
     fig = _figure(max(5.0, 0.75 * len(pairs) + 2.5), 0.5 * len(systems) + 2.6)
     ax = fig.subplots()
-    for s in systems:
+    for i, s in enumerate(systems):
         g = ranks[ranks["system"] == s].set_index(["aggregation", "metric"])["rank"]
         y = [float(g.get(p, np.nan)) for p in pairs]
-        (line,) = ax.plot(range(len(pairs)), y, marker="o", label=s)
+        (line,) = ax.plot(range(len(pairs)), y, marker="o", label=s, color=color(i))
         _record(fig, s, "rank", line.get_xydata(), labels=[f"{a}/{m}" for a, m in pairs])
     ax.set_xticks(range(len(pairs)), xl, fontsize=7, rotation=45, ha="right")
     ax.set_yticks(range(1, len(systems) + 1))
@@ -191,17 +200,17 @@ def dice_vs_hd95(points: Mapping[str, tuple[np.ndarray, np.ndarray]], title: str
     """Scatter of per-image Dice (x) against HD95 (y), one colour per system; undefined pairs skipped."""
     fig = _figure(5.2, 3.8)
     ax = fig.subplots()
-    for k, (d, h) in points.items():
+    for i, (k, (d, h)) in enumerate(points.items()):
         d = np.asarray(d, dtype=np.float64)
         h = np.asarray(h, dtype=np.float64)
         ok = np.isfinite(d) & np.isfinite(h)
-        sc = ax.scatter(d[ok], h[ok], s=14, alpha=0.7, label=f"{k} (n={int(ok.sum())})")
+        sc = ax.scatter(d[ok], h[ok], s=14, alpha=0.7, label=f"{k} (n={int(ok.sum())})", color=color(i))
         _record(fig, k, "point", sc.get_offsets())
-    ax.set_xlabel("Dice per image")
+    ax.set_xlabel("Dice per image (0-1, unitless)")
     ax.set_ylabel(f"HD95 per image ({unit})")
     ax.set_title(title or "Dice vs HD95")
     if points:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside the data
     return fig
 
 

@@ -25,7 +25,7 @@ these numbers are not comparable with Dice at 0.5 from the raw counts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -172,3 +172,15 @@ def legacy_report_table(metrics_frames: Sequence[pd.DataFrame] | pd.DataFrame | 
     flat = table.copy()
     flat.columns = [f"{d} {m}" for d, m in table.columns]
     return flat.reset_index()
+
+
+def add_legacy_block(doc: Any, metrics_frames: Sequence[pd.DataFrame] | pd.DataFrame | None) -> bool:
+    """Add the LEGACY six-metric table (:func:`legacy_report_table`) to the report document ``doc`` (a
+    :class:`msb.analysis.report_doc.ReportDoc`: a sub-heading, then the table, saved as
+    ``data/legacy-six-metric.csv``); nothing when no metrics row holds legacy columns. Returns whether it added."""
+    table = legacy_report_table(metrics_frames)
+    if table is None:
+        return False
+    doc.sub("LEGACY six-metric table (PraNet template)")
+    doc.frame(table, caption=LEGACY_LABEL, name="legacy-six-metric", digits=3)
+    return True

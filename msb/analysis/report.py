@@ -4,6 +4,9 @@ Reads only run folders (``config.yaml``, ``split.csv``, ``manifest.json``, ``che
 ``train_log.csv``) and evaluation artifacts (``counts.parquet``, ``metrics.parquet``, ``predictions/*.npz``);
 the dataset images are used, when found, only as overlay backgrounds. Sections (HTML ids):
 
+``summary``       first screen: question, protocol, leaderboard per test set with 95 % CIs, paired-test result,
+                  critical-difference diagram for >= 3 systems (:mod:`msb.analysis.report_summary`)
+``checklist``     the reporting checklist with evidence (:func:`msb.analysis.contract.reporting_checklist`)
 ``contract``      the benchmark contract (:func:`msb.analysis.contract.contract_table`)
 ``scores``        every aggregation rule x metric per system, with image-level bootstrap CIs, best in bold
 ``boundary``      HD95 / ASSD / NSD (image-macro mean) with CIs, from ``metrics.parquet``
@@ -11,8 +14,10 @@ the dataset images are used, when found, only as overlay backgrounds. Sections (
 ``ranking``       ranking sensitivity across rules and metrics (Spearman ρ, rank changes, winner changes)
 ``populations``   the same scores restricted to sub-populations (per ``source``; user populations)
 ``folds``         fold-wise summaries (K-fold studies)
-``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid
-``checklist``     the reporting checklist (:func:`msb.analysis.contract.reporting_checklist`)
+``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid,
+                  training curves (``train_log.csv``)
+Sections after the first two are collapsed ``<details>``; tidy tables are CSV links (``data/*.csv``); identical
+systems (:mod:`msb.analysis.identical`) are named and shown once. An optional extra section: ``doc.section``.
 
 The HTML is rendered from the package template ``msb/analysis/templates/report.html.j2`` (jinja2, autoescape)
 by :class:`msb.analysis.report_doc.ReportDoc`; the analyses per comparison block are in
@@ -42,11 +47,14 @@ from msb.analysis.contract import (ChecklistItem, RunInfo, contract_table, find_
                                    read_run, reporting_checklist)
 from msb.analysis.counts_io import read_counts_with_report
 from msb.utils.evaluation_folder import check_listed_digest, check_predictions
-from msb.analysis.legacy_table import LEGACY_LABEL, legacy_report_table
+from msb.analysis.legacy_table import add_legacy_block
 from msb.analysis.figures import dice_vs_hd95, paired_differences, ranking_changes, score_distributions
+from msb.analysis.identical import drop_identical, frame as identical_frame
+from msb.analysis.report_summary import write_checklist, write_summary, write_training_curves
+from msb.analysis.summary import BlockTests, distance_unit
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
-from msb.analysis.report_data import analyse_blocks, overlay_figure, system_scores
+from msb.analysis.report_data import analyse_blocks, overlay_figure, overlay_subject, system_scores
 from msb.analysis.report_doc import ReportDoc
 from msb.analysis.rules import BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS, foldwise_summary, unit_scores
 from msb.analysis.significance import POSTHOC_NAMES, friedman_test
@@ -58,16 +66,17 @@ from msb.utils.atomic import atomic_write_text, current_umask, replace_dir
 __all__ = ["SECTION_IDS", "FIGURE_IDS", "ReportResult", "build_report", "system_scores"]
 
 #: HTML ids of the report sections, in order.
-SECTION_IDS: tuple[str, ...] = ("contract", "scores", "boundary", "significance", "ranking", "populations",
-                                "folds", "figures", "checklist")
+SECTION_IDS: tuple[str, ...] = ("summary", "checklist", "contract", "scores", "boundary", "significance",
+                                "ranking", "populations", "folds", "figures")
 #: Figure ids (``fig-<id>`` in the HTML, ``figures/<id>[-<block>].png|svg`` on disk).
 FIGURE_IDS: tuple[str, ...] = ("score-distributions", "paired-differences", "ranking-changes", "dice-vs-hd95",
-                               "overlays")
+                               "overlays", "training-curves")
 _FIGURE_METRICS = ("dice", "hd95")
-_TITLES = {"contract": "Benchmark contract", "scores": "Scores by aggregation rule",
+_TITLES = {"summary": "Summary: which model is better, and how sure are we?", "contract": "Benchmark contract", "scores": "Scores by aggregation rule",
            "boundary": "Boundary metrics", "significance": "Significance and paired differences",
            "ranking": "Ranking sensitivity", "populations": "Evaluation populations", "folds": "Fold-wise summary",
            "figures": "Figures", "checklist": "Reporting checklist"}
+_UNITS_NOTE = "Distances (HD95, ASSD) are in {unit}; Dice, IoU, precision, recall and NSD are fractions in [0, 1]."
 
 
 @dataclass(frozen=True)
@@ -156,7 +165,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     metrics_df = pd.concat(metric_frames, ignore_index=True) if metric_frames else None
 
     systems = find_systems(counts, system_by)
-    blocks = comparison_blocks(systems)
+    blocks, identical = drop_identical(comparison_blocks(systems), eval_dirs)
     labels_by_run = {rid: s.label for s in systems for rid in s.run_ids}
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +174,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     try:
         doc = ReportDoc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
-                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc)
+                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc, identical)
         html_text, md_text = result
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
@@ -184,21 +193,24 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
            metrics_df: pd.DataFrame | None, blocks: dict[tuple[str, str], list[System]],
            labels_by_run: dict[str, str], populations: Sequence[Population], n_boot: int, level: float,
            seed: int, rules: Sequence[str], metrics: Sequence[str], max_overlays: int,
-           notes: list[str], posthoc: str = "nemenyi") -> tuple[str, str]:
+           notes: list[str], posthoc: str = "nemenyi", identical: dict | None = None) -> tuple[str, str]:
     study = study_dir.resolve().name
     n_blocks = len(blocks)
     # ---------------- per-block analysis (figures are drawn in the figures section)
     block_data = analyse_blocks(blocks, metrics_df, rules, metrics, n_boot, level, seed, notes)
     all_scores = [b.scores.assign(dataset=key[0], split=key[1]) for key, b in block_data.items()]
     n_systems_max = max((len(b.systems) for b in block_data.values()), default=0)
-    n_tests = 0
-
+    n_tests, identical, unit = 0, identical or {}, distance_unit(metrics_df)
+    tests: dict[tuple[str, str], BlockTests] = {}
+    zero_pairs = [(f"{', '.join(g.others)} = {g.kept}", g.n_defined) for gs in identical.values() for g in gs]
     # ---------------- header
     doc.md.append(f"# Benchmark report: {study}\n")
     n_img = counts.drop_duplicates(["dataset", "split", "image_id"]).shape[0]
     doc.text(f"Study folder {study_dir}; {len(runs)} run(s); {sum(len(v) for v in blocks.values())} system(s); "
              f"{n_img} distinct evaluated image(s); every number below is recomputed from stored counts, "
              f"metrics tables and predictions (no model was run).")
+    if any(identical.values()):
+        doc.link_csv(identical_frame(identical), "identical-systems", "Identical systems (named once)")
 
     # ---------------- contract
     _section(doc, "contract")
@@ -243,10 +255,9 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
             doc.ci_table(scores_ci_table(b.scores, m), f"scores-{m}{sfx}")
         excl = b.scores[b.scores["n_excluded"] > 0]
         if len(excl):
-            doc.text("Undefined units excluded: " + "; ".join(
-                f"{r.system} {r.aggregation}/{r.metric}: {r.n_excluded} of {r.n_units}" for r in excl.itertuples()),
-                "note")
-        doc.frame(b.scores, name=f"scores{sfx}", caption="All scores (tidy)")
+            doc.text(f"{len(excl)} of {len(b.scores)} scores exclude undefined (0/0) units, never counted as 0 or 1: "
+                     f"columns n_excluded / n_units of the tidy table.", "note")
+        doc.link_csv(b.scores, f"scores{sfx}", "All scores (tidy)")
 
     # ---------------- boundary
     _section(doc, "boundary")
@@ -263,12 +274,10 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         for m in list(dict.fromkeys(bd["metric"])):
             doc.ci_table(scores_ci_table(bd, m), f"boundary-{m}{sfx}")
         doc.text(f"Image-macro means over images with a defined value (both-empty images excluded; one-sided "
-                 f"empty images carry the image-diagonal penalty, docs/metrics.md); HD convention {conv}.", "note")
-        doc.frame(bd, name=f"boundary{sfx}")
-    legacy_tab = legacy_report_table(metrics_df)  # only when metrics.parquet holds legacy columns
-    if legacy_tab is not None:
-        doc.sub("LEGACY six-metric table (PraNet template)")
-        doc.frame(legacy_tab, caption=LEGACY_LABEL, name="legacy-six-metric", digits=3)
+                 f"empty images carry the image-diagonal penalty, docs/metrics.md); HD convention {conv}. "
+                 + _UNITS_NOTE.format(unit=unit), "note")
+        doc.link_csv(bd, f"boundary{sfx}", "Boundary metrics (tidy)")
+    add_legacy_block(doc, metrics_df)  # only when metrics.parquet holds legacy columns
 
     # ---------------- significance
     _section(doc, "significance")
@@ -293,6 +302,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
                 unit_scores(aligned[r.system_a], "dice", "image") - unit_scores(aligned[r.system_b], "dice", "image"),
                 (r.difference, r.ci_low, r.ci_high))
         diff_cache[key] = diffs
+        tests[key] = BlockTests(tab, diff_tab)
         doc.frame(diff_tab, caption="Differences a − b with paired bootstrap CIs (same resamples for both systems)",
                   name=f"paired-differences{sfx}")
         if len(labels) >= 3:
@@ -305,8 +315,10 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
                 doc.frame(fr.posthoc.reset_index(names="system"),
                           caption=f"{fr.posthoc_test} p-values (n = {fr.n} images, k = {fr.k} systems)",
                           name=f"posthoc{sfx}", p_values=True)
+                tests[key].friedman = fr
             except MSBError as e:
                 doc.text(f"Friedman test not computed: {e}", "note")
+                tests[key].friedman_note = f"Friedman test not computed: {e}"
         else:
             doc.text("Friedman test: not applicable (needs at least 3 systems; the paired Wilcoxon test above "
                      "covers two)", "note")
@@ -393,13 +405,14 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         for r in scores[(scores["aggregation"] == "image-macro") & (scores["metric"] == "dice")].itertuples():
             est[r.system] = (r.value, r.ci_low, r.ci_high)
         doc.figure("score-distributions", f"score-distributions{sfx}",
-                   score_distributions(per_img, est, "Dice", f"Dice per image ({key[0]}/{key[1]})", seed),
+                   score_distributions(per_img, est, "Dice per image (0-1)", f"Dice per image ({key[0]}/{key[1]})",
+                                       seed),
                    "Per-image Dice per system (box, points) with the image-macro Dice and its bootstrap CI")
         if key in diff_cache and diff_cache[key]:
             d = diff_cache[key]
             doc.figure("paired-differences", f"paired-differences{sfx}",
                        paired_differences({k: v[0] for k, v in d.items()}, {k: v[1] for k, v in d.items()},
-                                          "Dice", seed=seed),
+                                          "Dice (0-1)", seed=seed),
                        "Per-image Dice differences with the paired-bootstrap CI of the image-macro difference")
         else:
             doc.missing_figure("paired-differences", f"paired-differences{sfx}", "only one system")
@@ -409,26 +422,29 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         pts = {lab: (per_img[lab], unit_scores(t, "hd95", "image")) for lab, t in b.tables.items()
                if "hd95" in t.extra}
         if pts:
-            doc.figure("dice-vs-hd95", f"dice-vs-hd95{sfx}", dice_vs_hd95(pts),
-                       "Per-image Dice vs HD95 (HD95 in spacing units; misses carry the diagonal penalty)")
+            doc.figure("dice-vs-hd95", f"dice-vs-hd95{sfx}", dice_vs_hd95(pts, unit=unit),
+                       f"Per-image Dice vs HD95 (HD95 in {unit}; misses carry the diagonal penalty)")
         else:
             doc.missing_figure("dice-vs-hd95", f"dice-vs-hd95{sfx}", "no metrics.parquet with hd95")
         fig, _, grey = overlay_figure(aligned, {s.label: s for s in b.systems}, runs, eval_dirs, max_overlays, notes)
         if fig is None:
             doc.missing_figure("overlays", f"overlays{sfx}", grey or "no stored predictions")
         else:
-            doc.figure("overlays", f"overlays{sfx}", fig,
-                       "Stored predictions on the images where the systems disagree most (TP green, FP red, "
-                       "FN blue)" + (f"; {grey}" if grey else ""))
+            doc.figure("overlays", f"overlays{sfx}", fig, f"Stored predictions on {overlay_subject(aligned, max_overlays)}"
+                       " (TP green, FP red, FN blue)" + (f"; {grey}" if grey else ""))
 
-    # ---------------- checklist
-    _section(doc, "checklist")
+    write_training_curves(doc, runs, labels_by_run)
+
+    # ---------------- first screen: summary and checklist (built last, shown first)
     scores_all = pd.concat(all_scores, ignore_index=True)
     items = reporting_checklist(list(runs.values()), counts, scores_all, metrics_df, n_tests, n_systems_max,
-                                n_boot)
-    doc.checklist_table(items)
+                                n_boot, zero_pairs)
+    write_summary(doc, list(runs.values()), counts, eval_dirs, block_data, tests, identical, metrics_df, n_boot,
+                  level)
+    write_checklist(doc, items)
+    doc.move_first("summary", "checklist")
     atomic_write_text(doc.out / "data" / "checklist.csv", pd.DataFrame(
-        [{"item": i.item, "passed": i.passed, "evidence": i.evidence} for i in items]).to_csv(index=False))
-    if notes:
-        doc.md.append("\n## Notes\n\n" + "".join(f"- {n}\n" for n in dict.fromkeys(notes)))
-    return doc.render_html(study, list(dict.fromkeys(notes))), doc.markdown()
+        [{"item": i.item, "passed": i.passed, "status": i.status, "evidence": i.evidence} for i in items]
+    ).to_csv(index=False))
+    tail = ("\n## Notes\n\n" + "".join(f"- {n}\n" for n in dict.fromkeys(notes))) if notes else ""
+    return doc.render_html(study, list(dict.fromkeys(notes))), doc.markdown(tail)

@@ -19,7 +19,7 @@ from msb.errors import MSBError
 from msb.evaluation.image_metrics import CONVENTION_COLUMNS, SETTING_COLUMNS
 
 __all__ = ["BOUNDARY_PREFIXES", "BlockData", "analyse_blocks", "boundary_scores", "overlay_figure",
-           "system_scores"]
+           "overlay_subject", "system_scores"]
 
 #: Column prefixes of ``metrics.parquet`` shown as boundary metrics.
 BOUNDARY_PREFIXES: tuple[str, ...] = ("hd95", "assd", "nsd_tau")
@@ -159,17 +159,29 @@ def analyse_blocks(blocks: dict[tuple[str, str], list[System]], metrics_df: pd.D
 
 
 def _pick_overlay_images(aligned: dict[str, ImageTable], k: int) -> list[int]:
-    """Positions of the ``k`` images where the first two systems' Dice differ most (one system: lowest Dice),
-    ties broken by image id."""
+    """Positions of the ``k`` images where the first two systems' Dice differ most (one system, or no image
+    differs: the lowest Dice of the first), ties broken by image id."""
     labels = list(aligned)
     d = [unit_scores(aligned[lab], "dice", "image") for lab in labels]
-    if len(d) >= 2:
+    if len(d) >= 2 and np.nanmax(np.abs(d[0] - d[1]), initial=0.0) > 0:
         key = -np.nan_to_num(np.abs(d[0] - d[1]), nan=-1.0)
-    else:
+    else:  # one system, or no image differs: the lowest Dice of the first
         key = np.nan_to_num(d[0], nan=2.0)
     ids = aligned[labels[0]].keys["image_id"].astype(str).to_numpy()
     order = np.lexsort((ids, key))
     return [int(i) for i in order[:k]]
+
+
+def overlay_subject(aligned: dict[str, ImageTable], k: int) -> str:
+    """What the overlay grid shows, for its caption: the images where the first two systems' Dice differ most
+    (:func:`_pick_overlay_images`) when some image differs, else the ``k`` lowest-Dice images of the first."""
+    labels = list(aligned)
+    if len(labels) >= 2:
+        d = np.abs(unit_scores(aligned[labels[0]], "dice", "image") - unit_scores(aligned[labels[1]], "dice", "image"))
+        if np.isfinite(d).any() and np.nanmax(d) > 0:
+            return f"the images where the Dice of {labels[0]} and {labels[1]} differ most"
+        return f"the {k} images with the lowest Dice of {labels[0]} (the systems' per-image Dice do not differ)"
+    return f"the {k} images with the lowest Dice of {labels[0]}"
 
 
 def _data_run(run_id: str, dataset: str, runs: dict[str, RunInfo]) -> RunInfo | None:

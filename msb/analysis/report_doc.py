@@ -29,6 +29,8 @@ from msb.utils.atomic import atomic_write_text
 __all__ = ["ReportDoc", "fmt_frame"]
 
 _TEMPLATE = "report.html.j2"
+#: The one stylesheet of the report, inlined into ``<style>`` (the page stays self-contained).
+_STYLESHEET = "report.css"
 
 
 @functools.cache
@@ -73,6 +75,7 @@ class ReportDoc:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.md: list[str] = []
+        self._intro_md = self.md  # Markdown before the first section
         self.figures: list[Path] = []
         self.tables: list[Path] = []
         self.checklist: tuple[ChecklistItem, ...] = ()
@@ -80,11 +83,46 @@ class ReportDoc:
         self._sections: list[dict] = []
         self._blocks = self._intro  # blocks before the first section form the introduction
 
-    def section(self, sid: str, title: str) -> None:
-        """Start the section ``<section id="sid">`` headed ``title`` (Markdown ``## title``)."""
+    def section(self, sid: str, title: str, collapsed: bool = True) -> None:
+        """Start the section ``<section id="sid">`` headed ``title`` (Markdown ``## title``); a ``collapsed``
+        section is a closed ``<details>`` element (its heading is the ``<summary>``)."""
         self._blocks = []
-        self._sections.append({"id": sid, "title": title, "blocks": self._blocks})
-        self.md.append(f"\n## {title}\n")
+        self.md = [f"\n## {title}\n"]
+        self._sections.append({"id": sid, "title": title, "blocks": self._blocks, "collapsed": collapsed,
+                               "md": self.md})
+
+    def columns(self, n: int = 2) -> list[list[dict]]:
+        """Start a responsive grid of ``n`` columns (one column below 900 px); the following blocks go to the
+        first column until :meth:`next_column`; :meth:`end_columns` returns to the section."""
+        cols: list[list[dict]] = [[] for _ in range(n)]
+        self._blocks.append({"kind": "grid", "columns": cols})
+        self._grid = (self._blocks, cols, 0)
+        self._blocks = cols[0]
+        return cols
+
+    def next_column(self) -> None:
+        """Continue in the next grid column (:meth:`columns`)."""
+        outer, cols, i = self._grid
+        self._grid = (outer, cols, i + 1)
+        self._blocks = cols[i + 1]
+
+    def end_columns(self) -> None:
+        """Close the grid (:meth:`columns`)."""
+        self._blocks = self._grid[0]
+
+    def move_first(self, *sids: str) -> None:
+        """Put the sections ``sids`` (in that order) before all others, in the HTML and the Markdown."""
+        first = [s for sid in sids for s in self._sections if s["id"] == sid]
+        self._sections[:] = first + [s for s in self._sections if s["id"] not in sids]
+
+    def link_csv(self, df: pd.DataFrame, name: str, caption: str, index: bool = False) -> None:
+        """Save ``df`` as ``data/<name>.csv`` and show a download link instead of the table (tidy tables)."""
+        p = self.out / "data" / f"{name}.csv"
+        atomic_write_text(p, df.to_csv(index=index))
+        self.tables.append(p)
+        self._blocks.append({"kind": "csv", "href": f"data/{name}.csv", "caption": caption,
+                             "shape": f"{len(df)} rows x {df.shape[1]} columns"})
+        self.md.append(f"[{caption} (CSV, {len(df)} rows)](data/{name}.csv)\n")
 
     def sub(self, text: str) -> None:
         """A sub-heading (``<h3>``, Markdown ``###``)."""
@@ -96,20 +134,24 @@ class ReportDoc:
         self._blocks.append({"kind": "p", "text": text, "cls": cls})
         self.md.append(("*" + text + "*" if cls == "note" else text) + "\n")
 
-    def _raw(self, markup: str) -> None:
-        self._blocks.append({"kind": "raw", "html": Markup(markup)})
+    def _raw(self, markup: str, html_id: str = "") -> None:
+        """A table's markup, in a box that scrolls horizontally by itself (never the page)."""
+        ident = f' id="{html.escape(html_id)}"' if html_id else ""
+        self._blocks.append({"kind": "raw", "html": Markup(f'<div class="table-wrap"{ident}>{markup}</div>')})
 
     def frame(self, df: pd.DataFrame, caption: str = "", index: bool = False, digits: int = 4,
-              name: str | None = None, p_values: bool = False) -> None:
+              name: str | None = None, p_values: bool = False, html_id: str = "") -> None:
         """A data table (cells formatted by :func:`fmt_frame`), optionally saved as ``data/<name>.csv``
-        (unformatted values)."""
+        (unformatted values); ``html_id`` names its box in the HTML."""
         shown = fmt_frame(df, digits, p_values)
         sty = shown.style.format(escape="html").format_index(escape="html", axis=1)
         if not index:
             sty = sty.hide(axis="index")
+        else:
+            sty = sty.hide(axis="index", names=True)  # no stray header row holding the index name
         if caption:
             sty = sty.set_caption(html.escape(caption))  # pandas does not escape captions
-        self._raw(sty.to_html())
+        self._raw(sty.to_html(), html_id)
         self.md.append((f"*{caption}*\n\n" if caption else "") + frame_to_markdown(shown, index=index))
         if name:
             p = self.out / "data" / f"{name}.csv"
@@ -145,8 +187,7 @@ class ReportDoc:
         self.checklist = tuple(items)
         self._blocks.append({"kind": "checklist", "items": self.checklist})
         self.md.append(frame_to_markdown(pd.DataFrame(
-            [{"item": i.item, "result": "PASS" if i.passed else "FAIL", "evidence": i.evidence} for i in items]),
-            index=False))
+            [{"item": i.item, "result": i.status, "evidence": i.evidence} for i in items]), index=False))
 
     def render_html(self, study: str, notes: Sequence[str] = ()) -> str:
         """The whole HTML page from ``templates/report.html.j2``.
@@ -158,9 +199,12 @@ class ReportDoc:
         Returns:
             The document, self-contained (CSS inline, figures as data URIs), ending with a newline.
         """
-        return _environment().get_template(_TEMPLATE).render(
-            study=study, intro=self._intro, sections=self._sections, notes=list(notes))
+        env = _environment()
+        return env.get_template(_TEMPLATE).render(
+            study=study, intro=self._intro, sections=self._sections, notes=list(notes),
+            stylesheet=Markup(env.loader.get_source(env, _STYLESHEET)[0]))
 
-    def markdown(self) -> str:
-        """The Markdown twin (chunks joined with newlines)."""
-        return "\n".join(self.md)
+    def markdown(self, tail: str = "") -> str:
+        """The Markdown twin (introduction, the sections in their current order, then ``tail``), chunks joined
+        with newlines."""
+        return "\n".join(self._intro_md + [c for s in self._sections for c in s["md"]] + ([tail] if tail else []))

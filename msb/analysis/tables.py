@@ -125,7 +125,10 @@ def to_latex(t: CITable, label: str | None = None) -> str:
 
 
 def to_html(t: CITable) -> str:
-    """HTML table (pandas Styler), best cells bold, caption above."""
+    """HTML table (pandas Styler), best cells bold, caption above; the row-index name (e.g. ``system``) heads the
+    corner cell instead of a header row of its own."""
+    corner = t.display.index.name
+    t = CITable(t.display.rename_axis(index=None, columns=corner), t.best, t.caption)
     sty = _style(t, "font-weight: bold;").format(escape="html").format_index(escape="html", axis=0)
     sty = sty.format_index(escape="html", axis=1)
     if t.caption:

@@ -62,6 +62,28 @@ class GeneratedRun:
     architecture: str
 
 
+
+def check_config_name(root: Path, kind: str, name: str, study_path: str | Path) -> None:
+    """Refuse a study's dataset / architecture name without a config file, suggesting the closest names.
+
+    Args:
+        root: the configs root; kind: ``"datasets"`` or ``"architectures"``; name: the name in the study;
+        study_path: the study file (named in the message).
+
+    Raises:
+        MSBError: ``root/kind/name.yaml`` does not exist; the message has "did you mean" (difflib close
+            matches) and the list of available names.
+    """
+    import difflib
+
+    if (root / kind / f"{name}.yaml").is_file():
+        return
+    avail = sorted(p.stem for p in (root / kind).glob("*.yaml")) if (root / kind).is_dir() else []
+    close = difflib.get_close_matches(name, avail, n=3, cutoff=0.5)
+    raise MSBError(f"{study_path}: unknown {kind[:-1]} '{name}' (no {root / kind / (name + '.yaml')})"
+                   + (f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "")
+                   + f" available: {', '.join(avail) if avail else 'none'}")
+
 def config_hash(cfg: RunConfig) -> str:
     """SHA-256 (hex) of the canonical JSON (sorted keys, compact) of ``cfg.model_dump(mode='json')``, without
     ``run_root`` (where a run is stored does not change what it computes)."""
@@ -152,6 +174,9 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
     glob = load_layer(root / "global.yaml")
     check_keys(glob.data, RunConfig, str(root / "global.yaml"), glob.provenance)
     runs: list[GeneratedRun] = []
+    for kind, names in (("datasets", spec.datasets), ("architectures", spec.architectures)):
+        for name in names:
+            check_config_name(root, kind, name, study_path)
     for ds in spec.datasets:
         ds_layer = load_layer(root / "datasets" / f"{ds}.yaml")
         check_keys(ds_layer.data, RunConfig, str(root / "datasets" / f"{ds}.yaml"), ds_layer.provenance)

@@ -170,7 +170,7 @@ def explain(paths: Sequence[str | Path], image_ids: Sequence[str], out_dir: str 
             splits = read_split_file(split_path) if split_path.is_file() else pd.Series(dtype=str)
             layers: tuple[str, ...] | None = None
             thr, on = cfg.evaluation.threshold, cfg.evaluation.threshold_on
-            fold_txt = f"fold {r.fold}" if r.fold is not None else "fold ?"
+            fold_txt = f"fold {r.fold}" if r.fold is not None else "not a fold run"
             for i in ids:
                 img = images[i]
                 h, w = img.shape[:2]
@@ -215,7 +215,8 @@ def explain(paths: Sequence[str | Path], image_ids: Sequence[str], out_dir: str 
                                 "layers": entries[0]["layers"]})
             for e in targets:
                 fold_txt = "" if e["fold"] is None else f", fold {e['fold']}"
-                title = (f"{gkey} | {i} | {e['run']}{fold_txt} | {role} checkpoint | Grad-CAM on "
+                group_txt = "" if gkey in e["run"] else f"{gkey} | "  # the run id already names its group
+                title = (f"{group_txt}{i} | {e['run']}{fold_txt} | {role} checkpoint | Grad-CAM on "
                          f"{', '.join(e['layers'])}")
                 png = render_overlay(images[i], e["pred"], e["cam"], folder / f"{e['run']}.png", title, names,
                                      refs[i])

@@ -99,7 +99,12 @@ def test_selection_on_test_split_is_an_error(configs: Path):
 
 def test_missing_layer_and_bad_yaml(configs: Path):
     _write(configs / "studies" / "s.yaml", {"study": "s", "datasets": ["nope"], "architectures": ["unet_a"]})
-    with pytest.raises(MSBError, match=r"nope\.yaml: config file not found"):
+    with pytest.raises(MSBError, match=r"s\.yaml: unknown dataset 'nope' \(no .*datasets/nope\.yaml\)"
+                                       r" available: toy$"):
+        generate_runs(configs / "studies" / "s.yaml")
+    _write(configs / "studies" / "s.yaml", {"study": "s", "datasets": ["toy"], "architectures": ["unet_c"]})
+    with pytest.raises(MSBError, match=r"unknown architecture 'unet_c' .*; did you mean 'unet_b' or 'unet_a'\? "
+                                       r"available: unet_a, unet_b$"):  # equal difflib ratios: larger string first
         generate_runs(configs / "studies" / "s.yaml")
     _write(configs / "studies" / "bad.yaml", "study: [unclosed\n")
     with pytest.raises(MSBError, match=r"bad\.yaml: line \d+, column \d+ is not valid YAML"):
@@ -121,6 +126,12 @@ def test_shipped_configs_validate(repo_root: Path):
     for study in ["configs/study.yaml", "configs/studies/kvasir_unet_cpu.yaml", "configs/studies/kvasir_unet_ci.yaml"]:
         runs = generate_runs(repo_root / study)
         assert runs and all(len(r.config_hash) == 64 for r in runs)
+    # the quickstart compares two architectures under one budget at the synthetic set's native 96 x 96 px
+    qs = {r.architecture: r.config for r in generate_runs(repo_root / "configs/study.yaml")}
+    assert sorted(qs) == ["segformer_b0", "unet_r18"]
+    assert {(c.model.arch, c.model.encoder) for c in qs.values()} == {("unet", "resnet18"), ("segformer", "mit_b0")}
+    assert {(tuple(c.data.input_size), c.train.epochs, c.train.batch_size, c.train.optimizer.lr, c.data.name)
+            for c in qs.values()} == {((96, 96), 6, 8, 0.002, "synthetic")}
     ci = generate_runs(repo_root / "configs/studies/kvasir_unet_ci.yaml")[0].config
     assert ci.train.epochs == 1 and ci.data.max_samples_per_split == 16 and ci.train.scheduler.name == "cosine"
 

@@ -152,7 +152,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     study = _write_project()(root, {"study": "e2e", "overrides": {"evaluation": {
         "checkpoint": "both", "compute_metrics": False, "metrics": {"hd_convention": "medpy"}}}})
-    r = msb("run", str(study))
+    r = msb("run", str(study), "--format", "table")  # the terminal tables (stdout is a pipe here: csv by default)
     assert r.returncode == 0, r.stdout + r.stderr
     run_dirs = [p for p in (root / "runs" / "e2e").iterdir() if (p / "config.yaml").is_file()]
     assert len(run_dirs) == 1
@@ -178,8 +178,16 @@ def test_run_evaluate_reaggregate_chain(trained):
         # counts = the stored predictions recounted against the dataset's mask files
         _assert_counts_match_files(c, rd / "evaluation" / role, data)
 
-    # what `msb run` prints: the score table of every evaluated checkpoint; Dice recomputed from the counts
-    (table,) = _printed_tables(r.stdout)
+    # what `msb run` prints: the score table of every evaluated checkpoint (Dice recomputed from the counts),
+    # then the leaderboard of the study's systems (here one run x two checkpoint roles)
+    table, board = _printed_tables(r.stdout)
+    ds = str(counts["best"]["dataset"].iloc[0])
+    labels = [f"{rd.name.removeprefix(ds + '-')}@{role}" for role in ("best", "latest")]
+    key = ["image_id", "class_id", "tp", "fp", "fn", "tn", "checkpoint_sha256"]
+    same = counts["best"][key].sort_values(key).reset_index(drop=True).equals(
+        counts["latest"][key].sort_values(key).reset_index(drop=True))  # best = latest epoch: one checkpoint
+    assert sorted(board["system"]) == (labels[:1] if same else labels), r.stdout
+    assert (f"{labels[1]} is identical to {labels[0]} (same checkpoint SHA-256" in r.stdout) == same
     printed = table.set_index(["checkpoint_role", "aggregation"])
     assert set(printed.index) == {(role, rule) for role in ("best", "latest")
                                   for rule in ("global-micro", "image-macro", "class-macro")}, r.stdout
@@ -257,8 +265,8 @@ def test_metrics_command_hd95_matches_medpy(trained):
                                                  rel=1e-12, abs=1e-12), row.image_id
                 n_checked += 1
         # the printed summary: image mean of hd95 over the rows with a value, under the convention shown
-        assert f"{role}/metrics.parquet (convention: medpy)" in r.stdout
-        shown = table[(table["metric"] == "hd95") & (table["aggregation"] == "image_mean")]
+        assert f"{role}/metrics.parquet (convention: medpy; distances in px)" in r.stdout  # no spacing in index.csv
+        shown = table[(table["metric"] == "hd95_px") & (table["aggregation"] == "image_mean")]
         assert len(shown) == 1 and shown["hd_convention"].iloc[0] == "medpy", r.stdout
         assert shown["value"].iloc[0] == f"{m['hd95'].mean():.4f}", r.stdout
         assert shown["n_used"].iloc[0] == str(int(m["hd95"].notna().sum()))
@@ -347,13 +355,21 @@ def test_explain_two_images_after_one_flag(trained, tmp_path: Path):
 
 
 def test_models_lists_the_registry():
+    """`msb models`: one row per architecture config (csv when piped), each naming a registered adapter; the last
+    line lists every registry adapter."""
+    import io
+
     from msb.models.registry import available_architectures
 
     r = msb("models")
     assert r.returncode == 0, r.stderr
-    printed = r.stdout.split()
+    table, tail = r.stdout.split("registry adapters: ")
+    printed = tail.strip().split(", ")
     assert printed == available_architectures()
     assert {"unet", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer", "g_cascade"} <= set(printed)
+    shown = pd.read_csv(io.StringIO(table))
+    assert len(shown) == len(list((REPO / "configs" / "architectures").glob("*.yaml")))
+    assert set(shown["adapter"]) <= set(printed)
 
 
 def test_data_synth_and_validate(tmp_path: Path):
@@ -410,7 +426,14 @@ def test_kvasir_ci_variant(shared_dir: Path, tmp_path: Path):
     """The CI variant of configs/studies/kvasir_unet_cpu.yaml: converter + chain + artifacts on real data."""
     if not (shared_dir / "data" / "kvasir-seg" / "images").is_dir():
         pytest.skip("../shared/data/kvasir-seg not found")
-    r = msb("run", "configs/studies/kvasir_unet_ci.yaml", "--run-root", str(tmp_path / "runs"))
+    # the dataset is prepared into tmp_path, not datasets/kvasir_seg of the source tree
+    study = tmp_path / "kvasir_unet_ci.yaml"
+    study.write_text(yaml.safe_dump({
+        "_base_": str(REPO / "configs" / "studies" / "kvasir_unet_ci.yaml"), "configs_root": str(REPO / "configs"),
+        "overrides": {"data": {"root": str(tmp_path / "datasets" / "kvasir_seg"),
+                               "prepare": {"converter": "kvasir-seg",
+                                           "source": str(shared_dir / "data" / "kvasir-seg")}}}}))
+    r = msb("run", str(study), "--run-root", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stdout + r.stderr
     counts_files = list((tmp_path / "runs" / "kvasir_unet_ci").glob("*/evaluation/best/counts.parquet"))
     assert len(counts_files) == 1

@@ -198,8 +198,9 @@ def test_second_plain_run_of_a_study_is_refused_or_waits(tmp_path, make_project,
 
 @pytest.mark.slow
 def test_sigterm_during_a_search_trial_resumes_it_under_its_number(tmp_path, make_project, msb_cli, msb_popen):
-    """SIGTERM (like Ctrl-C) mid-trial: exit 130, the trial is re-opened (WAITING, not FAIL, no copy); the rerun
-    finishes with trials 0 and 1 only, as an uninterrupted study."""
+    """SIGTERM (like Ctrl-C) mid-trial: the 'terminated (SIGTERM)' line, exit 143 (128 + SIGTERM's 15), the trial is
+    re-opened (WAITING, not FAIL, no copy); the rerun finishes with trials 0 and 1 only, as an uninterrupted
+    study."""
     import json
     import signal
     import time
@@ -215,7 +216,9 @@ def test_sigterm_during_a_search_trial_resumes_it_under_its_number(tmp_path, mak
         assert proc.poll() is None and time.monotonic() - t0 < 240
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130, (tmp_path / "term.log").read_text()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM == 143, (tmp_path / "term.log").read_text()
+    assert "terminated (SIGTERM)" in (tmp_path / "term.log").read_text() and "run the same command again" in (
+        tmp_path / "term.log").read_text()
     url = f"sqlite:///{sdir / '_study' / 'optuna.db'}"
     (name,) = [s.study_name for s in optuna.get_all_study_summaries(url)]
     states = [(t.number, t.state.name) for t in optuna.load_study(study_name=name, storage=url).get_trials()]

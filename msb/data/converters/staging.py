@@ -90,8 +90,8 @@ def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str |
     if out.exists() and not out.is_dir():
         raise MSBError(f"output {out} exists and is not a folder; choose another output folder.")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise MSBError(f"output folder {out} already exists and is not empty; pass --overwrite (overwrite=True in Python) "
-                       f"to replace it, or choose another output folder.")
+        raise MSBError(f"output folder {out} already exists and is not empty; pass --overwrite to replace it, "
+                       f"or choose another output folder.")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
