@@ -192,7 +192,10 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 @app.command(context_settings={"allow_extra_args": True})
 def profile(ctx: typer.Context,
             device: str = typer.Option("cpu", help="cpu | cuda (fails with one line when no GPU is usable)."),
-            arch: Optional[List[str]] = typer.Option(None, help="Registry names (--arch a b); default: all."),
+            arch: Optional[List[str]] = typer.Option(None, help="Architecture configs as a study names them "
+                                                     "(--arch unet_r18 segformer_b0; `msb models` lists them) or "
+                                                     "registry adapters; default: every architecture config."),
+            configs: Path = typer.Option(Path("configs"), help="Configs root holding architectures/."),
             study: Optional[Path] = typer.Option(None, help="Study folder runs/<study>/: its models + Dice scatter."),
             input_size: Optional[List[str]] = typer.Option(None, help="Sizes in px: --input-size 256 512 (or HxW)."),
             batch_size: int = typer.Option(1, help="Images per forward pass."),
@@ -229,8 +232,11 @@ def profile(ctx: typer.Context,
         sizes = list(d["sizes"])
     protocols = [TimingProtocol(warmup, timed_passes, repeats, batch_size, p, cudnn_benchmark)  # type: ignore[arg-type]
                  for p in (precs or ["fp32"])]
+    from msb.cli_models import architecture_model_configs
+
     res = run_profile(device, archs, study, [parse_input_size(s) for s in sizes], protocols, out, num_classes,
-                      role, rule, x, log=log)
+                      role, rule, x, log=log,
+                      model_configs=architecture_model_configs(configs) if study is None else None)
     t = res.table
     table = Table(title=f"profile on {t['device_name'].iloc[0]} ({t['device'].iloc[0]}), batch {batch_size}, "
                         f"{warmup} warm-up + {repeats}x{timed_passes} timed passes, forward only")

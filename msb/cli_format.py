@@ -67,7 +67,29 @@ def emit_frame(df: pd.DataFrame, fmt: str, title: str = "", rich_table: Table | 
                 rich_table.add_column(str(c), overflow="fold" if df[c].astype(str).str.len().max() > 40 else "ellipsis")
             for row in df.itertuples(index=False):
                 rich_table.add_row(*(str(v) for v in row))
-        console.print(rich_table)
+        if _fits(rich_table):
+            console.print(rich_table)
+        else:  # narrower than its longest words: one block per row, never a word broken mid-way
+            _print_vertical(df, title)
+
+
+def _fits(table: Table) -> bool:
+    """Whether ``table`` fits the console without breaking a word: rich's minimum width of a table is the sum
+    of its columns' longest words (plus borders and padding); below it rich folds words mid-way."""
+    from rich.measure import Measurement
+
+    wide = console.options.update_width(1 << 16)  # measured unclamped (rich clamps to the options' width)
+    return Measurement.get(console, wide, table).minimum <= console.width
+
+
+def _print_vertical(df: pd.DataFrame, title: str) -> None:
+    """``df`` as one ``column: value`` block per row (the terminal is too narrow for the table)."""
+    width = max((len(str(c)) for c in df.columns), default=0)
+    lines = [f"{title} (one block per row: the terminal is too narrow for the table)"] if title else []
+    for k, row in enumerate(df.itertuples(index=False), 1):
+        lines.append(f"-- row {k} of {len(df)}")
+        lines += [f"{str(c).ljust(width)}  {v}" for c, v in zip(df.columns, row)]
+    _write("\n".join(lines) + "\n")
 
 
 def print_scores(table, fmt: str) -> None:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from msb.errors import MSBError
 
-__all__ = ["architecture_catalog"]
+__all__ = ["architecture_catalog", "architecture_model_configs"]
 
 
 def architecture_catalog(configs_root: Path, params: bool = False) -> pd.DataFrame:
@@ -35,16 +35,10 @@ def architecture_catalog(configs_root: Path, params: bool = False) -> pd.DataFra
     Raises:
         MSBError: no ``architectures/`` folder (names the folder and how to pick another).
     """
-    from msb.config.layering import deep_merge, load_layer
     from msb.models.registry import architecture_class
 
-    folder = configs_root / "architectures"
-    if not folder.is_dir():
-        raise MSBError(f"{folder}: no architecture configs here; run from the project folder or pass --configs DIR")
-    base = load_layer(configs_root / "global.yaml").data if (configs_root / "global.yaml").is_file() else {}
     rows = []
-    for f in sorted(folder.glob("*.yaml")):
-        layer = deep_merge(base, load_layer(f).data, str(f), {})
+    for f, layer in _architecture_layers(configs_root):
         model = layer.get("model") or {}
         arch = str(model.get("arch", "?"))
         div = int(getattr(architecture_class(arch, f"{f}: key 'model.arch'"), "size_divisor", 1) or 1)
@@ -65,3 +59,45 @@ def _n_params(model_cfg: dict) -> int:
     cfg = ModelConfig.model_validate(model_cfg)
     net = build_model(cfg, 1)
     return int(sum(p.numel() for p in net.parameters()))
+
+
+def _architecture_layers(configs_root: Path) -> list[tuple[Path, dict]]:
+    """``(file, merged layer)`` of every ``configs_root/architectures/*.yaml`` on ``global.yaml`` (``_base_``
+    resolved), sorted by name.
+
+    Raises:
+        MSBError: no ``architectures/`` folder (names the folder and how to pick another).
+    """
+    from msb.config.layering import deep_merge, load_layer
+
+    folder = configs_root / "architectures"
+    if not folder.is_dir():
+        raise MSBError(f"{folder}: no architecture configs here; run from the project folder or pass --configs DIR")
+    base = load_layer(configs_root / "global.yaml").data if (configs_root / "global.yaml").is_file() else {}
+    return [(f, deep_merge(base, load_layer(f).data, str(f), {})) for f in sorted(folder.glob("*.yaml"))]
+
+
+def architecture_model_configs(configs_root: Path) -> dict:
+    """The ``model`` section of every architecture config, as a study without overrides resolves it.
+
+    Args:
+        configs_root: folder with ``global.yaml`` and ``architectures/``.
+
+    Returns:
+        ``{config name: msb.config.schema.ModelConfig}`` (e.g. ``unet_r18`` -> U-Net with a ResNet-18 encoder),
+        sorted by name; empty when there is no ``architectures/`` folder.
+
+    Raises:
+        MSBError: a config whose ``model`` section is invalid (names the file and the key).
+    """
+    from msb.config.schema import ModelConfig
+
+    if not (configs_root / "architectures").is_dir():
+        return {}
+    out = {}
+    for f, layer in _architecture_layers(configs_root):
+        try:
+            out[f.stem] = ModelConfig.model_validate(layer.get("model") or {})
+        except ValueError as e:
+            raise MSBError(f"{f}: invalid 'model' section: {str(e).splitlines()[-1].strip()}") from None
+    return out

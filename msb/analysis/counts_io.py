@@ -125,6 +125,10 @@ def _read_one(path: Path, skip: frozenset[str] = frozenset()) -> tuple[pd.DataFr
         raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); the file is damaged or "
                        f"not a {COUNTS_FILENAME} written by the msb evaluator; regenerate it with: {fix}") from None
     missing = [c for c in COUNTS_COLUMNS if c not in table.column_names and c not in skip]
+    if missing and {"aggregation", "metric", "value"} <= set(table.column_names):
+        raise MSBError(f"{path}: this is a scores table (written by msb run / msb reaggregate), not a counts "
+                       f"file; give the {COUNTS_FILENAME} files or the run/study folders that hold them, e.g. "
+                       f"msb reaggregate {path.parent}")
     if missing:
         raise MSBError(f"{path}: not a counts file, missing columns {missing}; rewrite it with the "
                        f"current schema: {fix}")

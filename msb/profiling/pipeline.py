@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -37,14 +37,16 @@ def run_profile(device: str, archs: Sequence[str] = (), study: str | Path | None
                 sizes: Sequence[tuple[int, int]] = (), protocols: Sequence[TimingProtocol] = (TimingProtocol(),),
                 out_dir: str | Path | None = None, num_classes: int = 1, role: str = "best",
                 rule: str = "image-macro", x_axis: str = "gmacs",
-                log: Callable[[str], None] = lambda m: None) -> ProfileOutputs:
+                log: Callable[[str], None] = lambda m: None,
+                model_configs: Mapping[str, ModelConfig] | None = None) -> ProfileOutputs:
     """Profile architectures (``archs``; all registered ones when empty and no ``study``) or the models of a
     study, and write ``profile_<device>.{parquet,csv,tex}`` (plus ``accuracy_vs_cost_<device>.{png,csv}`` for a
     study) into ``out_dir`` (default ``<study>/profile`` or ``profiles``).
 
     Args:
         device: ``cpu`` or ``cuda`` (checked first: a missing GPU fails before anything is built).
-        archs: registry names; each is built with its default constructor arguments.
+        archs: architecture config names (keys of ``model_configs``, e.g. ``unet_r18``: the model a study
+            naming it trains) or registry names (built with the adapter's default arguments).
         study: a study folder ``runs/<study>/`` (exclusive with ``archs``).
         sizes: (height, width) input sizes in pixels; default 256 x 256 without a study, the runs' training
             sizes with one (sizes given are added to those).
@@ -52,6 +54,9 @@ def run_profile(device: str, archs: Sequence[str] = (), study: str | Path | None
         num_classes: output channels for ``archs`` (a study's runs use their dataset's class count).
         role, rule: checkpoint role and aggregation rule of the study's Dice.
         x_axis: ``gmacs`` or ``latency`` for the scatter.
+        model_configs: ``{config name: ModelConfig}`` of the architecture configs
+            (:func:`msb.cli_models.architecture_model_configs`); with no ``archs`` all of them are profiled
+            (all registry names when empty).
 
     Raises:
         MSBError: ``--device cuda`` without a GPU; both ``archs`` and ``study``; an unknown architecture; an
@@ -71,16 +76,18 @@ def run_profile(device: str, archs: Sequence[str] = (), study: str | Path | None
         targets = targets_from_study(runs)
         out = Path(out_dir) if out_dir is not None else Path(study) / "profile"
     else:
-        names = list(archs) or available_architectures()
-        known = available_architectures()
+        configs = dict(model_configs or {})
+        names = list(archs) or list(configs) or available_architectures()
+        known = list(configs) + [a for a in available_architectures() if a not in configs]
         for n in names:
             if n not in known:
                 import difflib
 
                 close = difflib.get_close_matches(n, known, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise MSBError(f"--arch: unknown architecture '{n}'{hint} (available: {', '.join(known)})")
-        targets = [ProfileTarget(n, ModelConfig(arch=n), num_classes) for n in names]
+                raise MSBError(f"--arch: unknown architecture '{n}'{hint} (architecture configs: "
+                               f"{', '.join(configs) or 'none'}; registry adapters: {', '.join(available_architectures())})")
+        targets = [ProfileTarget(n, configs.get(n) or ModelConfig(arch=n), num_classes) for n in names]
         sizes = list(sizes) or [(DEFAULT_SIZE, DEFAULT_SIZE)]
         out = Path(out_dir) if out_dir is not None else Path("profiles")
     table = profile_targets(targets, sizes, dev, protocols, log)

@@ -293,6 +293,19 @@ def test_missing_columns_are_listed(tmp_path):
         read_counts([bad])
 
 
+def test_a_scores_file_is_named_as_such(tmp_path, counts_file):
+    """``msb reaggregate runs/s/scores.parquet`` (the scores, not the counts) says what the file is and which
+    path to give instead, not "rewrite it with the current schema"."""
+    from msb.analysis.aggregate import write_scores
+
+    _, scores = write_scores(reaggregate(read_counts(counts_file)), tmp_path / "runs" / "s")
+    with pytest.raises(MSBError) as e:
+        read_counts([scores])
+    msg = str(e.value)
+    assert msg.startswith(f"{scores}: this is a scores table") and "not a counts file" in msg
+    assert f"msb reaggregate {scores.parent}" in msg and "schema" not in msg
+
+
 def test_inconsistent_totals_name_the_row(tmp_path):
     df = make_counts()
     df.loc[3, "tn"] += 1  # image b, class 2

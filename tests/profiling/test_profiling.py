@@ -430,3 +430,28 @@ def test_cli_multi_value_options(tmp_path: Path):
     assert "operators not counted" in r.output
     r = CliRunner().invoke(app, ["profile", "unet"])
     assert isinstance(r.exception, MSBError) and "--arch unet" in str(r.exception)
+
+
+def test_cli_arch_takes_the_architecture_config_names(tmp_path: Path):
+    """``--arch unet_r18`` profiles the model a study naming ``unet_r18`` trains (ResNet-18 encoder: the
+    parameter count of smp's own ``Unet("resnet18", classes=1)``), not the adapter's default ResNet-34; a
+    misspelt name gets a did-you-mean and both lists."""
+    import segmentation_models_pytorch as smp
+    from typer.testing import CliRunner
+
+    from msb.cli import app
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    r = CliRunner().invoke(app, ["profile", "--arch", "unet_r18", "--arch", "unet", "--input-size", "32",
+                                 "--warmup", "0", "--timed-passes", "1", "--repeats", "1", "--configs", str(configs),
+                                 "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    t = pd.read_parquet(tmp_path / "profile_cpu.parquet").set_index("model")
+    n18 = sum(p.numel() for p in smp.Unet("resnet18", encoder_weights=None, classes=1).parameters())
+    n34 = sum(p.numel() for p in smp.Unet("resnet34", encoder_weights=None, classes=1).parameters())
+    assert t.loc["unet_r18", "params_m"] == pytest.approx(n18 / 1e6, abs=5e-3)
+    assert t.loc["unet", "params_m"] == pytest.approx(n34 / 1e6, abs=5e-3)
+    r = CliRunner().invoke(app, ["profile", "--arch", "unet_r81", "--configs", str(configs)])
+    msg = str(r.exception)
+    assert isinstance(r.exception, MSBError) and "did you mean 'unet_r18'" in msg
+    assert "segformer_b0" in msg and "registry adapters:" in msg
