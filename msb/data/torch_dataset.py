@@ -34,13 +34,11 @@ def build_augmentation(hflip: float = 0.0, vflip: float = 0.0, rotate90: float =
     return A.Compose(ops, seed=seed)
 
 
-class SegmentationDataset(Dataset):
-    """Samples of one split, read from the cache.
+class _CachedImages(Dataset):
+    """The images of some cache rows, normalised and optionally augmented: what both datasets below share.
 
-    ``__getitem__`` returns ``(image, mask, index)``: image float32 (3, H, W) normalised with ``mean``/``std``
-    (ImageNet defaults), mask float32 (C, H, W) in {0, 1}, and the position in ``sample_ids``. The key is the
-    position ``i`` or a pair ``(i, seed)`` (from :class:`msb.engine.sampling.EpochBatchSampler`): the augmentation
-    of that item is then drawn from ``seed`` alone, whichever process or DataLoader worker loads it.
+    ``rows`` int64 (N,) cache rows of ``sample_ids``; images uint8 (H, W, 3) are normalised as
+    ``(x - 255 mean) / (255 std)`` per channel to float32 (3, H, W).
     """
 
     def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
@@ -48,8 +46,7 @@ class SegmentationDataset(Dataset):
         row_of = cache.row_of
         self.rows = np.array([row_of[s] for s in sample_ids], dtype=np.int64)
         self.sample_ids = list(sample_ids)
-        self.images = cache.images
-        self.masks = cache.masks
+        self.images = cache.images  # the images only: a subclass that needs masks keeps them itself
         self.augment = augment
         self.mean = (np.asarray(mean, dtype=np.float32) * 255.0).reshape(1, 1, 3)
         self.inv_std = (1.0 / (np.asarray(std, dtype=np.float32) * 255.0)).reshape(1, 1, 3)
@@ -61,6 +58,26 @@ class SegmentationDataset(Dataset):
         """Reseed the augmentation so each epoch's draws depend only on (run seed, epoch)."""
         if self.augment is not None:
             self.augment.set_random_seed(seed)
+
+    def _to_tensor(self, img: np.ndarray) -> torch.Tensor:
+        """uint8 (H, W, 3) -> normalised float32 (3, H, W)."""
+        x = (img.astype(np.float32) - self.mean) * self.inv_std
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+
+
+class SegmentationDataset(_CachedImages):
+    """Samples of one split, read from the cache.
+
+    ``__getitem__`` returns ``(image, mask, index)``: image float32 (3, H, W) normalised with ``mean``/``std``
+    (ImageNet defaults), mask float32 (C, H, W) in {0, 1}, and the position in ``sample_ids``. The key is the
+    position ``i`` or a pair ``(i, seed)`` (from :class:`msb.engine.sampling.EpochBatchSampler`): the augmentation
+    of that item is then drawn from ``seed`` alone, whichever process or DataLoader worker loads it.
+    """
+
+    def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
+                 std: Sequence[float], augment: A.Compose | None = None) -> None:
+        super().__init__(cache, sample_ids, mean, std, augment)
+        self.masks = cache.masks
 
     def __getitem__(self, key: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
         if isinstance(key, tuple):
@@ -75,13 +92,11 @@ class SegmentationDataset(Dataset):
         if self.augment is not None:
             out = self.augment(image=img, mask=mask)
             img, mask = out["image"], out["mask"]
-        x = (img.astype(np.float32) - self.mean) * self.inv_std
-        x_t = torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
         y_t = torch.from_numpy(mask.transpose(2, 0, 1).astype(np.float32))
-        return x_t, y_t, i
+        return self._to_tensor(img), y_t, i
 
 
-class UnlabelledImageDataset(Dataset):
+class UnlabelledImageDataset(_CachedImages):
     """Images of the unlabelled training rows, without their masks: no mask of an unlabelled row can reach a loss.
 
     The masks stay on disk (and in the cache), but this class never holds a reference to the cache's mask
@@ -90,30 +105,11 @@ class UnlabelledImageDataset(Dataset):
     only (albumentations ``augment(image=...)``).
     """
 
-    def __init__(self, cache: CachedArrays, sample_ids: Sequence[str], mean: Sequence[float],
-                 std: Sequence[float], augment: A.Compose | None = None) -> None:
-        row_of = cache.row_of
-        self.rows = np.array([row_of[s] for s in sample_ids], dtype=np.int64)
-        self.sample_ids = list(sample_ids)
-        self.images = cache.images  # the images only; cache.masks is deliberately not kept
-        self.augment = augment
-        self.mean = (np.asarray(mean, dtype=np.float32) * 255.0).reshape(1, 1, 3)
-        self.inv_std = (1.0 / (np.asarray(std, dtype=np.float32) * 255.0)).reshape(1, 1, 3)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def set_epoch_seed(self, seed: int) -> None:
-        """Reseed the augmentation so each epoch's draws depend only on (run seed, epoch)."""
-        if self.augment is not None:
-            self.augment.set_random_seed(seed)
-
     def __getitem__(self, i: int) -> dict[str, object]:
         img = np.asarray(self.images[self.rows[i]])
         if self.augment is not None:
             img = self.augment(image=img)["image"]
-        x = (img.astype(np.float32) - self.mean) * self.inv_std
-        return {"image": torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1))), "index": i}
+        return {"image": self._to_tensor(img), "index": i}
 
 
 def labelled_datasets(cache: CachedArrays, labelled: pd.Series, mean: Sequence[float], std: Sequence[float],
