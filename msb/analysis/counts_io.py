@@ -32,6 +32,7 @@ from msb.errors import MSBError
 from msb.evaluation.counts import (
     COUNTS_COLUMNS,
     COUNTS_SCHEMA_VERSION,
+    PROTOCOL_DEFAULTS,
     KEY_COLUMNS,
     row_problems,
 )
@@ -124,6 +125,12 @@ def _read_one(path: Path, skip: frozenset[str] = frozenset()) -> tuple[pd.DataFr
     except Exception as e:  # pyarrow raises several types (ArrowInvalid, OSError, ...)
         raise MSBError(f"{path}: cannot read as Parquet ({type(e).__name__}: {e}); the file is damaged or "
                        f"not a {COUNTS_FILENAME} written by the msb evaluator; regenerate it with: {fix}") from None
+    # a version-1 file has no protocol columns: they read as PROTOCOL_DEFAULTS ("unspecified" protocol)
+    legacy = [c for c in PROTOCOL_DEFAULTS if c not in table.column_names]
+    for c in legacy:
+        kind = COUNTS_COLUMNS[c]
+        table = table.append_column(c, pa.array([PROTOCOL_DEFAULTS[c]] * table.num_rows,
+                                                type=pa.string() if kind == "string" else pa.int64()))
     missing = [c for c in COUNTS_COLUMNS if c not in table.column_names and c not in skip]
     if missing and {"aggregation", "metric", "value"} <= set(table.column_names):
         raise MSBError(f"{path}: this is a scores table (written by msb run / msb reaggregate), not a counts "

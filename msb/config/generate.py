@@ -5,13 +5,21 @@ A study file names datasets x architectures and overrides::
     study: kvasir_unet_cpu
     datasets: [kvasir_seg]          # configs/datasets/kvasir_seg.yaml
     architectures: [unet_r18]       # configs/architectures/unet_r18.yaml
-    overrides: {train: {epochs: 9}}  # applied last
+    overrides: {train: {epochs: 9}}  # applied after the layers
+    axes:                           # optional: one run per combination (cartesian product), applied last
+      data.input_size: [[256, 256], [512, 512]]
+      random_seed: [0, 1, 2]
 
 Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> (with ``recipe: official``)
 ``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is
 ``configs_root`` if given (relative to the study file), else the nearest folder above the study file that
 holds ``global.yaml``. Each run config is validated with :class:`msb.config.schema.RunConfig` and hashed:
 SHA-256 of the canonical JSON of the validated config.
+
+``axes`` maps dotted config keys to lists of values; every combination (first key slowest) becomes one run per
+dataset x architecture, with the combination recorded in the run config's ``axes`` (so each counts row names
+its variant, :func:`msb.evaluation.protocol_context.protocol_context`). An axis key must be a valid config key
+(the same check as any layer); a key that is also in ``overrides`` is overridden by the axis.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ class StudySpec(StrictModel):
     datasets: list[str] = Field(min_length=1)
     architectures: list[str] = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # study axes: dotted key -> list of values, one run per combination (module docstring)
+    axes: dict[str, list[Any]] = Field(default_factory=dict)
     # ``official``: layer configs/architectures/official/<arch>.yaml after the architecture (docs/models.md)
     recipe: Literal["controlled", "official"] = "controlled"
     # study-level keys (msb/study, docs/studies.md); absent = one plain run per dataset x architecture
@@ -162,8 +172,35 @@ def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> No
                        f"'{cfg.model.arch}' needs; use e.g. [{up[0]}, {up[1]}]")
 
 
+def axis_combinations(axes: dict[str, list[Any]], where: str) -> list[dict[str, Any]]:
+    """Every combination of the study's ``axes`` (dotted key -> values), first key slowest; ``[{}]`` when none.
+
+    Args:
+        axes: e.g. ``{"data.input_size": [[256, 256], [512, 512]], "random_seed": [0, 1]}``.
+        where: the study file, named in errors.
+
+    Returns:
+        A list of ``{dotted key: value}`` dicts (len = product of the list lengths).
+
+    Raises:
+        MSBError: an axis with no values, or a value listed twice on one axis.
+    """
+    import itertools
+    import json
+
+    for key, values in axes.items():
+        if not values:
+            raise MSBError(f"{where}: key 'axes.{key}' has no values; give a list of at least one value")
+        seen = [json.dumps(v, sort_keys=True) for v in values]
+        if len(set(seen)) != len(seen):
+            raise MSBError(f"{where}: key 'axes.{key}' lists a value twice ({values}); list each value once")
+    keys = list(axes)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
+
+
 def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
-    """Merge the layers for every dataset x architecture of the study and validate each run config.
+    """Merge the layers for every dataset x architecture (x axis combination) of the study and validate each
+    run config.
 
     Raises:
         MSBError: a missing layer file, bad YAML, an unknown key (naming its file and the closest valid key),
@@ -198,22 +235,39 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
-            if spec.final is not None:  # final.checkpoint / final.test_split set evaluation.* of every run
-                ev = {k: v for k, v in (("checkpoint", spec.final.checkpoint), ("split", spec.final.test_split))
-                      if v is not None}
-                merged = deep_merge(merged, {"evaluation": ev} if ev else {}, f"{study_path} (final)", prov)
-            merged["study"] = spec.study
-            merged["recipe"] = spec.recipe
-            if spec.run_root is not None:
-                merged["run_root"] = spec.run_root
-            cfg = validate_layers(merged, RunConfig, prov, str(study_path))
-            _check_model_fits(cfg, prov, str(study_path))  # type: ignore[arg-type]
-            h = config_hash(cfg)  # type: ignore[arg-type]
-            runs.append(GeneratedRun(f"{ds}-{arch}-{h[:8]}", cfg, h, ds, arch))  # type: ignore[arg-type]
+            for combo in axis_combinations(spec.axes, str(study_path)):
+                runs.append(_one_run(spec, study_path, ds, arch, merged, prov, combo))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise MSBError(f"{study_path}: two runs share one id; list each dataset and architecture once")
     return runs
+
+
+def _one_run(spec: StudySpec, study_path: Path, ds: str, arch: str, merged: dict[str, Any], prov: Provenance,
+             combo: dict[str, Any]) -> GeneratedRun:
+    """Validate one run config: the merged layers, then the axis values ``combo``, then the study keys."""
+    from msb.config.study_spec import params_to_nested
+
+    prov, merged = dict(prov), dict(merged)
+    if combo:
+        try:
+            nested = params_to_nested(combo)
+        except ValueError as exc:
+            raise MSBError(f"{study_path}: key 'axes': {exc}") from None
+        merged = deep_merge(merged, nested, f"{study_path} (axes)", prov)
+        merged["axes"] = combo
+    if spec.final is not None:  # final.checkpoint / final.test_split set evaluation.* of every run
+        ev = {k: v for k, v in (("checkpoint", spec.final.checkpoint), ("split", spec.final.test_split))
+              if v is not None}
+        merged = deep_merge(merged, {"evaluation": ev} if ev else {}, f"{study_path} (final)", prov)
+    merged["study"] = spec.study
+    merged["recipe"] = spec.recipe
+    if spec.run_root is not None:
+        merged["run_root"] = spec.run_root
+    cfg = validate_layers(merged, RunConfig, prov, str(study_path))
+    _check_model_fits(cfg, prov, str(study_path))  # type: ignore[arg-type]
+    h = config_hash(cfg)  # type: ignore[arg-type]
+    return GeneratedRun(f"{ds}-{arch}-{h[:8]}", cfg, h, ds, arch)  # type: ignore[arg-type]
 
 
 def write_run_config(run: GeneratedRun, run_dir: str | Path) -> None:

@@ -384,10 +384,15 @@ class RunConfig(StrictModel):
     ``configs/architectures/official/<arch>.yaml`` reproducing the official training and test scripts; the only
     recipe under which ``checkpoint.selection_split: test`` is allowed, and the report flags it). Left out of
     ``config.yaml`` (and the hash) while ``controlled``.
+
+    ``axes``: the study-axis values this run was generated with (dotted key -> value, e.g.
+    ``{"data.input_size": [256, 256], "random_seed": 1}``; :mod:`msb.config.generate`), recorded so that every
+    counts row names its variant; left out of ``config.yaml`` (and the hash) while empty.
     """
 
     study: str = "default"
     recipe: Literal["controlled", "official"] = "controlled"
+    axes: dict[str, Any] = Field(default_factory=dict)
     run_root: str = "runs"
     random_seed: int = 0
     full_determinism: bool = False
@@ -409,9 +414,12 @@ class RunConfig(StrictModel):
 
     @model_serializer(mode="wrap")
     def _omit_controlled_recipe(self, handler: Any) -> dict[str, Any]:
-        """Dump without ``recipe`` while ``controlled`` (config hashes of existing studies stay)."""
+        """Dump without ``recipe`` while ``controlled`` and without ``axes`` while empty (config hashes of
+        existing studies stay)."""
         data = handler(self)
         if isinstance(data, dict) and data.get("recipe") == "controlled":
             data.pop("recipe", None)
+        if isinstance(data, dict) and not data.get("axes"):
+            data.pop("axes", None)
         return data
 

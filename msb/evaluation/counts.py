@@ -29,6 +29,7 @@ from msb.utils.atomic import atomic_path
 
 __all__ = [
     "COUNTS_SCHEMA_VERSION",
+    "PROTOCOL_DEFAULTS",
     "CONTEXT_COLUMNS",
     "RUN_CONTEXT_COLUMNS",
     "COUNT_COLUMNS",
@@ -46,7 +47,7 @@ __all__ = [
 
 #: Version of the ``counts.parquet`` layout, stored in every row's ``schema_version`` column.
 #: Bump it when a column is added, removed, renamed or changes meaning.
-COUNTS_SCHEMA_VERSION: int = 1
+COUNTS_SCHEMA_VERSION: int = 2
 
 #: Allowed values of the ``threshold_on`` column: the binarisation threshold was applied to
 #: probabilities (after sigmoid), to raw logits, or to per-image min-max normalised probability maps
@@ -61,13 +62,19 @@ CHECKPOINT_ROLES: tuple[str, ...] = ("best", "latest")
 #: the ``context`` mapping of :func:`counts_rows` holds exactly these keys.
 RUN_CONTEXT_COLUMNS: tuple[str, ...] = (
     "dataset", "split", "fold", "run_id", "model", "checkpoint_role", "checkpoint_sha256",
-    "config_hash", "threshold", "threshold_on",
+    "config_hash", "threshold", "threshold_on", "split_policy", "input_size", "seed", "variant", "test_time_rule",
 )
 
 #: The eight raw pixel counts, in file order.
 COUNT_COLUMNS: tuple[str, ...] = (
     "tp", "fp", "fn", "tn", "intersection", "reference", "predicted", "union",
 )
+
+#: Context columns added in schema version 2 (the protocol of a run), with the value a version-1 file (and a
+#: :func:`counts_rows` context without them) gets: numbers from different protocols are never pooled.
+PROTOCOL_DEFAULTS: dict[str, Any] = {
+    "split_policy": "unspecified", "input_size": -1, "seed": -1, "variant": "", "test_time_rule": "",
+}
 
 #: Ordered schema of ``counts.parquet``: column name -> dtype name (``"string"``, ``"int64"``,
 #: ``"float64"``). Meaning of each column: ``docs/counts_schema.md``.
@@ -88,6 +95,11 @@ COUNTS_COLUMNS: dict[str, str] = {
     "height": "int64",              # native image height in pixels (rows)
     "width": "int64",               # native image width in pixels (columns)
     "source": "string",             # source column of index.csv (origin of the image)
+    "split_policy": "string",       # named split protocol of the run, e.g. "random(seed=0,val=0.1,test=0.1)"
+    "input_size": "int64",          # network input height in pixels (data.input_size[0]); -1 unknown
+    "seed": "int64",                # the run's random_seed (initial weights, augmentation); -1 unknown
+    "variant": "string",            # the run's study-axis values, "key=value;key=value" ("" when none)
+    "test_time_rule": "string",     # how the model's outputs become one prediction (e.g. "first", "sum")
     "tp": "int64",
     "fp": "int64",
     "fn": "int64",
@@ -205,10 +217,12 @@ def counts_rows(
     """Build the ``counts.parquet`` rows for a batch of images.
 
     Args:
-        context: exactly the keys of :data:`RUN_CONTEXT_COLUMNS` (``dataset``, ``split``, ``fold``,
+        context: the keys of :data:`RUN_CONTEXT_COLUMNS` (``dataset``, ``split``, ``fold``,
             ``run_id``, ``model``, ``checkpoint_role``, ``checkpoint_sha256``, ``config_hash``,
-            ``threshold``, ``threshold_on``); scalars repeated on every row. ``fold`` is -1 when the
-            run is not a fold run; ``threshold_on`` is ``"probability"`` or ``"logit"``.
+            ``threshold``, ``threshold_on``, and the protocol keys ``split_policy``, ``input_size``, ``seed``,
+            ``variant``, ``test_time_rule``, which default to :data:`PROTOCOL_DEFAULTS` when absent); scalars
+            repeated on every row. ``fold`` is -1 when the run is not a fold run; ``threshold_on`` is
+            ``"probability"`` or ``"logit"``.
         counts: output of :func:`compute_confusion_counts`: the eight :data:`COUNT_COLUMNS`, each an
             integer array of shape ``(N, C)`` (a 1-D ``(C,)`` array is read as ``N = 1``).
         image_ids: ``N`` image ids (``sample_id``), in the order of the counts' first axis.
@@ -226,6 +240,7 @@ def counts_rows(
         ValueError: missing/unknown context keys, bad ``threshold_on``, length mismatches, or
             counts whose ``tp + fp + fn + tn`` differs from ``height * width``.
     """
+    context = {**PROTOCOL_DEFAULTS, **context}
     missing = [k for k in RUN_CONTEXT_COLUMNS if k not in context]
     unknown = [k for k in context if k not in RUN_CONTEXT_COLUMNS]
     if missing or unknown:

@@ -49,6 +49,7 @@ from msb.errors import MSBError
 from msb.evaluation.artifacts import finish_evaluation_folder, write_prediction_file
 from msb.evaluation.counts import compute_confusion_counts, counts_rows
 from msb.evaluation.postprocess import apply_normalisation
+from msb.evaluation.protocol_context import protocol_context
 from msb.models.registry import build_model
 from msb.utils.atomic import replace_dir, staging_dir
 from msb.utils.device import select_device
@@ -231,7 +232,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     source_of = index["source"].to_dict() if "source" in index.columns else {}  # per-image lookups, not .loc
     context = {"dataset": external.name if external is not None else cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
                "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": checkpoint_sha256,
-               "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded}
+               "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded,
+               **protocol_context(cfg, run_dir, getattr(model, "test_time_rule", "first"), external is not None)}
     per_image: list[dict[str, np.ndarray]] = []
     done_ids: list[str] = []
     heights: list[int] = []

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from msb.errors import MSBError
-from msb.evaluation.counts import compute_confusion_counts, counts_rows, write_counts
+from msb.evaluation.counts import PROTOCOL_DEFAULTS, compute_confusion_counts, counts_rows, write_counts
 from msb.utils.atomic import atomic_path, atomic_write_text, replace_dir, staging_dir
 from msb.utils.digests import Digests, check_digest, read_digests
 from msb.utils.evaluation_folder import (check_counts_digest, check_done_folder, check_predictions, ensemble_hint,
@@ -97,6 +97,9 @@ def _member_counts(d: Path) -> pd.DataFrame:
     data = p.read_bytes()
     check_counts_digest(p, data)
     frame = pd.read_parquet(io.BytesIO(data))
+    for col, default in PROTOCOL_DEFAULTS.items():  # a counts file of schema version 1
+        if col not in frame.columns:
+            frame[col] = default
     check_predictions(d, frame["image_id"].astype(str).unique(), verify=False)  # hashed when read (_vote_all)
     return frame
 
@@ -126,7 +129,8 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
         return out_dir / "counts.parquet"
     image_ids = list(dict.fromkeys(first["image_id"].astype(str)))
     for d, f in zip(member_dirs[1:], frames[1:]):
-        for col in ("dataset", "split", "threshold", "threshold_on", "config_hash"):
+        for col in ("dataset", "split", "threshold", "threshold_on", "config_hash", "split_policy", "input_size",
+                    "variant", "test_time_rule"):
             if set(f[col].unique()) != set(first[col].unique()):
                 raise MSBError(f"{d}: ensemble member differs in '{col}' ({sorted(map(str, f[col].unique()))} vs "
                                f"{sorted(map(str, first[col].unique()))}); members must share one evaluation set")
@@ -140,7 +144,10 @@ def ensemble_evaluation(member_dirs: Sequence[Path], out_dir: Path, run_id: str,
     context = {"dataset": str(first["dataset"].iloc[0]), "split": str(first["split"].iloc[0]), "fold": -1,
                "run_id": run_id, "model": model, "checkpoint_role": str(first["checkpoint_role"].iloc[0]),
                "checkpoint_sha256": sha256_json(shas), "config_hash": str(first["config_hash"].iloc[0]),
-               "threshold": float(first["threshold"].iloc[0]), "threshold_on": str(first["threshold_on"].iloc[0])}
+               "threshold": float(first["threshold"].iloc[0]), "threshold_on": str(first["threshold_on"].iloc[0]),
+               # the members' protocol (one split policy, input size, variant; the ensemble has no single seed)
+               **{c: first[c].iloc[0].item() if hasattr(first[c].iloc[0], "item") else first[c].iloc[0]
+                  for c in PROTOCOL_DEFAULTS}}
     k = len(member_dirs)
     clean_interrupted_writes(out_dir.parent)
     member_digests = [read_digests(d, regenerate_command(d)) for d in member_dirs]

@@ -135,8 +135,8 @@ def test_schema_constants():
     assert list(COUNTS_COLUMNS) == [
         "dataset", "split", "fold", "run_id", "model", "checkpoint_role", "checkpoint_sha256",
         "config_hash", "image_id", "class_id", "class_name", "threshold", "threshold_on", "height",
-        "width", "source", "tp", "fp", "fn", "tn", "intersection", "reference", "predicted", "union",
-        "schema_version"]
+        "width", "source", "split_policy", "input_size", "seed", "variant", "test_time_rule",
+        "tp", "fp", "fn", "tn", "intersection", "reference", "predicted", "union", "schema_version"]
     assert COUNTS_SCHEMA.names == list(COUNTS_COLUMNS)
     assert set(KEY_COLUMNS) <= set(COUNTS_COLUMNS)
 

@@ -1,0 +1,84 @@
+"""Study axes (one run per combination) and the protocol context every counts row carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from msb.analysis.counts_io import read_counts
+from msb.config.generate import generate_runs, run_config_to_yaml
+from msb.errors import MSBError
+from msb.evaluation.counts import COUNTS_COLUMNS, PROTOCOL_DEFAULTS, compute_confusion_counts, counts_rows
+from msb.evaluation.protocol_context import protocol_context, split_policy_name, variant_text
+
+from tests.config.test_config import _write, configs  # noqa: F401  (fixture)
+
+
+def _study(root: Path, **extra) -> Path:
+    return _write(root / "studies" / "ax.yaml", {"study": "ax", "datasets": ["toy"], "architectures": ["unet_a"],
+                                                 "overrides": {"train": {"epochs": 2}}, **extra})
+
+
+def test_axes_make_one_run_per_combination(configs: Path):  # noqa: F811
+    runs = generate_runs(_study(configs, axes={"data.input_size": [[64, 64], [96, 96]], "random_seed": [0, 1, 2]}))
+    assert len(runs) == 6
+    got = [(r.config.data.input_size, r.config.random_seed) for r in runs]
+    assert got == [((64, 64), 0), ((64, 64), 1), ((64, 64), 2), ((96, 96), 0), ((96, 96), 1), ((96, 96), 2)]
+    assert runs[4].config.axes == {"data.input_size": [96, 96], "random_seed": 1}
+    assert len({r.run_id for r in runs}) == 6
+    # the axes are written into config.yaml (and so into the hash); a study without axes keeps its old dump
+    assert yaml.safe_load(run_config_to_yaml(runs[4].config))["axes"] == {"data.input_size": [96, 96],
+                                                                           "random_seed": 1}
+    plain = generate_runs(_study(configs))[0]
+    assert "axes" not in yaml.safe_load(run_config_to_yaml(plain.config))
+    # an axis value equal to the plain config gives the same config except for the recorded axes
+    assert plain.config.random_seed == 1
+
+
+def test_axes_errors_name_the_key(configs: Path):  # noqa: F811
+    with pytest.raises(MSBError, match=r"axes\.random_seed' has no values"):
+        generate_runs(_study(configs, axes={"random_seed": []}))
+    with pytest.raises(MSBError, match=r"lists a value twice"):
+        generate_runs(_study(configs, axes={"random_seed": [1, 1]}))
+    with pytest.raises(MSBError, match=r"input_sise"):
+        generate_runs(_study(configs, axes={"data.input_sise": [[64, 64]]}))
+    with pytest.raises(MSBError, match=r"not a multiple of"):  # the architecture's divisor, named per axis value
+        generate_runs(_study(configs, axes={"data.input_size": [[64, 64], [70, 70]]}))
+
+
+def test_protocol_context_names(configs: Path, tmp_path: Path):  # noqa: F811
+    cfg = generate_runs(_study(configs, axes={"random_seed": [3]}))[0].config
+    assert split_policy_name(cfg) == "random(seed=0,val=0.1,test=0.1,group=group)"
+    assert split_policy_name(cfg, external=True) == "external-only"
+    fixed = cfg.model_copy(update={"data": cfg.data.model_copy(update={"split": cfg.data.split.model_copy(
+        update={"mode": "fixed"})})})
+    assert split_policy_name(fixed) == "fixed"
+    run_dir = tmp_path / "run-fold2"
+    run_dir.mkdir()
+    (run_dir / "fold.json").write_text('{"fold": 2, "k": 5, "folds_sha256": "abcdef0123456789"}')
+    assert split_policy_name(cfg, run_dir) == "kfold(k=5,folds=abcdef01)"
+    ctx = protocol_context(cfg, None, "sum")
+    assert ctx == {"split_policy": "random(seed=0,val=0.1,test=0.1,group=group)", "input_size": 64, "seed": 3,
+                   "variant": "random_seed=3", "test_time_rule": "sum"}
+    assert variant_text({"b": [2, 2], "a": 0.5}) == "a=0.5;b=[2,2]"
+
+
+def test_version_1_counts_read_with_unspecified_protocol(tmp_path: Path):
+    pred = ref = pd.DataFrame([[1, 0], [0, 0]]).to_numpy().astype(bool)
+    ctx = {"dataset": "d", "split": "test", "fold": -1, "run_id": "r", "model": "m", "checkpoint_role": "best",
+           "checkpoint_sha256": "x", "config_hash": "y", "threshold": 0.5, "threshold_on": "probability"}
+    df = counts_rows(ctx, compute_confusion_counts(pred[None, None], ref[None, None]), image_ids=["a"],
+                     class_ids=[1], class_names=["fg"], heights=2, widths=2)
+    assert {c: df[c].iloc[0] for c in PROTOCOL_DEFAULTS} == PROTOCOL_DEFAULTS
+    old = df.drop(columns=list(PROTOCOL_DEFAULTS)).assign(schema_version=1)
+    path = tmp_path / "counts.parquet"
+    pq.write_table(pa.Table.from_pandas(old, preserve_index=False), path)
+    back = read_counts(path)
+    assert list(back.columns[:len(COUNTS_COLUMNS)]) == list(COUNTS_COLUMNS)
+    assert back["split_policy"].tolist() == ["unspecified"] and back["input_size"].tolist() == [-1]
+    assert back["tp"].tolist() == [1]
