@@ -38,7 +38,7 @@ from msb.config.study_spec import CrossValidationSpec, FinalSpec, SearchSpec
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 
-__all__ = ["StudySpec", "GeneratedRun", "load_study", "generate_runs", "write_run_config", "config_hash",
+__all__ = ["StudySpec", "GeneratedRun", "load_study", "generate_runs", "axis_combinations", "axes_slug", "write_run_config", "config_hash",
            "run_config_to_yaml", "find_configs_root"]
 
 
@@ -196,6 +196,22 @@ def axis_combinations(axes: dict[str, list[Any]], where: str) -> list[dict[str, 
             raise MSBError(f"{where}: key 'axes.{key}' lists a value twice ({values}); list each value once")
     keys = list(axes)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
+
+
+def axes_slug(axes: dict[str, Any]) -> str:
+    """A folder-safe name for one axis combination (study unit names): last key part + value, ``-`` between
+    axes, e.g. ``{"data.input_size": [128, 128], "random_seed": 1}`` -> ``input_size128x128-random_seed1``."""
+    import re
+
+    def value(v: Any) -> str:
+        if isinstance(v, (list, tuple)):
+            return "x".join(value(x) for x in v)
+        if isinstance(v, dict):
+            return "_".join(f"{k}{value(v[k])}" for k in sorted(v))
+        return str(v)
+
+    parts = [f"{k.split('.')[-1]}{value(axes[k])}" for k in sorted(axes)]
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
 
 
 def generate_runs(study_path: str | Path) -> list[GeneratedRun]:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import filelock
 
-from msb.config.generate import GeneratedRun, StudySpec, config_hash, generate_runs, load_study
+from msb.config.generate import GeneratedRun, StudySpec, axes_slug, config_hash, generate_runs, load_study
 from msb.config.schema import RunConfig
 from msb.config.study_spec import apply_params, grid_points, param_distributions
 from msb.engine.runner import checkpoint_roles
@@ -119,7 +119,7 @@ def study_units(study_path: str | Path, run_root: str | None = None) -> list[Stu
         cfg = run.config if run_root is None else run.config.model_copy(update={"run_root": run_root})
         run = GeneratedRun(run.run_id, cfg, run.config_hash, run.dataset, run.architecture)
         root = Path(cfg.run_root) / cfg.study
-        name = f"{run.dataset}-{run.architecture}"
+        name = f"{run.dataset}-{run.architecture}" + (f"-{axes_slug(cfg.axes)}" if cfg.axes else "")
         u = StudyUnit(spec, study_path, configs_root, run, root, name, root / "_study" / name)  # type: ignore[arg-type]
         _validate_search(u)
         u.spec_hash = sha256_json({
@@ -127,6 +127,10 @@ def study_units(study_path: str | Path, run_root: str | None = None) -> list[Stu
             "cross_validation": spec.cross_validation.model_dump(mode="json") if spec.cross_validation else None,
             "base_config_hash": run.config_hash})
         units.append(u)
+    names = [u.name for u in units]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise MSBError(f"{study_path}: two study units share the name {dup[0]!r}; give each axis value once")
     return units
 
 

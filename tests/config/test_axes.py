@@ -82,3 +82,11 @@ def test_version_1_counts_read_with_unspecified_protocol(tmp_path: Path):
     assert list(back.columns[:len(COUNTS_COLUMNS)]) == list(COUNTS_COLUMNS)
     assert back["split_policy"].tolist() == ["unspecified"] and back["input_size"].tolist() == [-1]
     assert back["tp"].tolist() == [1]
+
+
+def test_study_units_are_one_per_axis_combination(configs: Path, tmp_path: Path):  # noqa: F811
+    from msb.study.units import study_units
+
+    study = _study(configs, axes={"data.input_size": [[64, 64], [96, 96]]})
+    names = [u.name for u in study_units(study, run_root=str(tmp_path / "runs"))]
+    assert names == ["toy-unet_a-input_size64x64", "toy-unet_a-input_size96x96"]
