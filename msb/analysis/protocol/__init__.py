@@ -88,6 +88,8 @@ def run_analyses(art: StudyArtifacts, analyses: Sequence[str], options: dict | N
     for name in parse_analyses(list(analyses)):
         try:
             outputs[name] = ANALYSES[name](art, options)
+            if name == "wilcoxon":  # the checklist's significance item reuses these tests
+                options["wilcoxon_tests"] = outputs[name].data["wilcoxon"]
         except AnalysisSkipped as e:
             skipped[name] = str(e)
         except MSBError as e:

@@ -76,9 +76,10 @@ def _external_item(counts: pd.DataFrame) -> ChecklistItem:
     return ChecklistItem(PSRC_ITEMS[3], False, "only internal test splits; declare final.external in the study")
 
 
-def _significance_item(art) -> ChecklistItem:
+def _significance_item(art, tests: pd.DataFrame | None = None) -> ChecklistItem:
     try:
-        tests = pairwise_tests(test_set_tables(art.counts, art.metrics, "PSRC significance", True), n_boot=1)
+        if tests is None:
+            tests = pairwise_tests(test_set_tables(art.counts, art.metrics, "PSRC significance", True), n_boot=1)
     except AnalysisSkipped:
         n = evaluation_rows(art.counts, None)["architecture"].nunique()
         return ChecklistItem(PSRC_ITEMS[4], False, f"not applicable: {n} model(s), no pair on the same images",
@@ -91,11 +92,13 @@ def _significance_item(art) -> ChecklistItem:
                          f"at 0.05 (table wilcoxon)")
 
 
-def psrc_checklist(art) -> list[ChecklistItem]:
-    """The five PSRC items of a study's artifacts (:class:`~msb.analysis.protocol.inputs.StudyArtifacts`)."""
+def psrc_checklist(art, tests: pd.DataFrame | None = None) -> list[ChecklistItem]:
+    """The five PSRC items of a study's artifacts (:class:`~msb.analysis.protocol.inputs.StudyArtifacts`);
+    ``tests``: the tidy output of :func:`~msb.analysis.protocol.wilcoxon.pairwise_tests` when already computed
+    (else the tests are run here)."""
     counts = art.counts
     return [_hd95_item(counts, art.metrics), _recall_item(counts), _split_item(counts), _external_item(counts),
-            _significance_item(art)]
+            _significance_item(art, tests)]
 
 
 def checklist_table(items: list[ChecklistItem]) -> PaperTable:
@@ -108,4 +111,4 @@ def checklist_table(items: list[ChecklistItem]) -> PaperTable:
 
 def run(art, options: dict) -> AnalysisOutput:
     """Registry entry."""
-    return AnalysisOutput(tables=[checklist_table(psrc_checklist(art))])
+    return AnalysisOutput(tables=[checklist_table(psrc_checklist(art, options.get("wilcoxon_tests")))])

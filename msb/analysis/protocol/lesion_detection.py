@@ -3,7 +3,7 @@
 
 From the stored predictions (``predictions/<image_id>.npz``: ``pred``, ``ref`` bool (C, H, W); the foreground
 classes are merged per image), lesions are the 8-connected components of the reference and the prediction,
-matched per image by :func:`msb.evaluation.lesion.match_lesions` under any-overlap, centroid-in-GT
+matched per image by :func:`msb.evaluation.lesion.match_lesions_many` (components labelled once) under any-overlap, centroid-in-GT
 (``centroid_in_reference``) and one-to-one IoU ≥ t. Counts are pooled over all images of all used test sets
 before the ratios: sensitivity = Σ tp / Σ reference lesions, precision = Σ matched predicted components /
 Σ predicted components, F1 = their harmonic mean. The robustness curve repeats the IoU rule for
@@ -21,7 +21,7 @@ import pandas as pd
 from msb.analysis.figures import _figure, color
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num
 from msb.analysis.protocol.inputs import check_one_protocol
-from msb.evaluation.lesion import match_lesions
+from msb.evaluation.lesion import match_lesions_many
 from msb.utils.evaluation_folder import check_predictions
 
 __all__ = ["IOU_THRESHOLDS", "CRITERIA", "lesion_counts", "pooled_scores", "lesion_table", "lesion_curve_figure"]
@@ -67,14 +67,14 @@ def lesion_counts(counts: pd.DataFrame, thresholds: Sequence[float] = IOU_THRESH
     crit = [("any_overlap", np.nan), ("centroid_in_reference", np.nan)] + [("iou", t) for t in thresholds]
     if 0.5 not in thresholds:
         crit.append(("iou", 0.5))
+    rules = [(c, 0.5 if np.isnan(t) else t) for c, t in crit]
     out = []
     for (arch, size), g in rows.groupby(["architecture", "input_size"], sort=True):
         units = g[["eval_dir", "image_id"]].drop_duplicates()
         acc = np.zeros((len(crit), 6), dtype=np.int64)
         for d, img in units.itertuples(index=False):
             pred, ref = _load(d, str(img))
-            for k, (c, t) in enumerate(crit):
-                m = match_lesions(pred, ref, c, iou_threshold=0.5 if np.isnan(t) else t)
+            for k, m in enumerate(match_lesions_many(pred, ref, rules)):
                 acc[k] += (m.tp, m.fn, m.fp, m.tp_pred, m.n_ref, m.n_pred)
         n_sets = int(g.groupby(["dataset", "split"]).ngroups)
         for (c, t), a in zip(crit, acc):
