@@ -16,6 +16,7 @@ import typer
 from rich.table import Table
 
 from msb.cli_common import app, console, err_console, log, state as _state, track
+from msb.cli_protocol import ANALYSES_HELP, protocol_analyses_cli
 from msb.cli_format import FORMAT_HELP, print_leaderboards as _print_leaderboards, print_scores as _print_scores, resolve_format
 from msb.errors import MSBError
 
@@ -161,13 +162,20 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 system_by: str = typer.Option("run", help="What --compare compares: run | model."),
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
                                                             "Friedman, nemenyi | conover."),
-                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+                analyses: Optional[str] = typer.Option(None, help=ANALYSES_HELP + " Needs one study folder."),
+                allow_mixed_protocols: bool = typer.Option(False, "--allow-mixed-protocols",
+                                                           help="Let --analyses rank rows of different split policies.")
+                ) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
     from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, write_scores
 
     fmt = resolve_format(format)
     from msb.analysis.counts_io import read_counts_with_report
 
+    if analyses is not None and not compare:  # only the protocol analyses of one study folder
+        protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed, bootstrap, console.print, log)
+        return
     extended = rules is not None or population or bootstrap or compare
     # the basic table needs no hash, name or source column: columnar read of the others (docs/performance.md)
     df, report = read_counts_with_report(paths, None if extended else ["model"])
@@ -181,6 +189,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
         run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log,
                      posthoc)
+        if analyses is not None:
+            protocol_analyses_cli(paths, analyses, None, allow_mixed_protocols, seed, bootstrap, console.print, log)
         return
     table = _reagg(df, group_by=group)
     _print_scores(table, fmt)
@@ -264,17 +274,24 @@ def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>
                                                                      "flag:FILE[:COLUMN] (repeatable)."),
            system_by: str = typer.Option("run", help="What a compared system is: run | model."),
            posthoc: str = typer.Option("nemenyi", help="Post-hoc test after Friedman (>= 3 systems): "
-                                                       "nemenyi | conover.")) -> None:
+                                                       "nemenyi | conover."),
+           analyses: Optional[str] = typer.Option("all", help=ANALYSES_HELP + " 'none' omits the section."),
+           allow_mixed_protocols: bool = typer.Option(False, "--allow-mixed-protocols",
+                                                      help="Let the protocol section rank rows of different split "
+                                                           "policies.")) -> None:
     """Self-contained HTML + Markdown report of a study from stored artifacts: contract, scores with CIs,
     significance, ranking sensitivity, figures, LaTeX tables and a reporting checklist."""
     from msb.analysis.populations import parse_population
+    from msb.analysis.protocol import parse_analyses
     from msb.analysis.report import build_report
     from msb.analysis.significance import check_posthoc
 
     check_posthoc(posthoc)
     pops = [parse_population(p) for p in population or []]
+    names = () if analyses == "none" else parse_analyses(analyses)
     res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by,
-                       posthoc=posthoc)
+                       posthoc=posthoc, protocol={"analyses": names, "seed": seed,
+                                                  "allow_mixed_protocols": allow_mixed_protocols})
     for item in res.checklist:
         log(f"{item.status:<4}  {item.item}: {item.evidence}")
     for note in res.notes:

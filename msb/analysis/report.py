@@ -14,14 +14,13 @@ the dataset images are used, when found, only as overlay backgrounds. Sections (
 ``ranking``       ranking sensitivity across rules and metrics (Spearman ρ, rank changes, winner changes)
 ``populations``   the same scores restricted to sub-populations (per ``source``; user populations)
 ``folds``         fold-wise summaries (K-fold studies)
-``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid,
-                  training curves (``train_log.csv``)
+``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid, training curves
+``protocol``      the published protocols' tables and figures (:mod:`msb.analysis.report_protocol`)
 Sections after the first two are collapsed ``<details>``; tidy tables are CSV links (``data/*.csv``); identical
-systems (:mod:`msb.analysis.identical`) are named and shown once. An optional extra section: ``doc.section``.
+systems (:mod:`msb.analysis.identical`) are named and shown once.
 
 The HTML is rendered from the package template ``msb/analysis/templates/report.html.j2`` (jinja2, autoescape)
-by :class:`msb.analysis.report_doc.ReportDoc`; the analyses per comparison block are in
-:mod:`msb.analysis.report_data`.
+by :class:`msb.analysis.report_doc.ReportDoc`; the analyses per comparison block: :mod:`msb.analysis.report_data`.
 
 Output folder (default ``STUDY_DIR/report``): ``report.html`` (figures embedded as base64 PNG),
 ``report.md`` (figures linked), ``figures/*.png|svg``, ``tables/*.tex|md``, ``data/*.csv``. The folder is
@@ -51,6 +50,7 @@ from msb.analysis.legacy_table import add_legacy_block
 from msb.analysis.figures import dice_vs_hd95, paired_differences, ranking_changes, score_distributions
 from msb.analysis.identical import drop_identical, frame as identical_frame
 from msb.analysis.report_summary import write_checklist, write_summary, write_training_curves
+from msb.analysis.report_protocol import write_protocol_section
 from msb.analysis.summary import BlockTests, distance_unit
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
@@ -105,8 +105,8 @@ def _section(doc: ReportDoc, sid: str) -> None:
 def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_boot: int = DEFAULT_N_BOOT,
                  level: float = DEFAULT_LEVEL, seed: int = 0, populations: Sequence[Population] = (),
                  system_by: str = "run", rules: Sequence[str] = EXTENDED_RULES,
-                 metrics: Sequence[str] = ALL_METRICS, max_overlays: int = 4, posthoc: str = "nemenyi"
-                 ) -> ReportResult:
+                 metrics: Sequence[str] = ALL_METRICS, max_overlays: int = 4, posthoc: str = "nemenyi",
+                 protocol: dict | None = None) -> ReportResult:
     """Write the study report (module docstring).
 
     Args:
@@ -119,7 +119,8 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
         rules, metrics: aggregation rules and count metrics of the score tables.
         max_overlays: images in the overlay grid.
         posthoc: post-hoc test after Friedman for >= 3 systems, ``"nemenyi"`` or ``"conover"``
-            (:func:`msb.analysis.significance.friedman_test`).
+            (:func:`msb.analysis.significance.friedman_test`); protocol: options of the section ``protocol``
+            (:func:`msb.analysis.report_protocol.write_protocol_section`; ``{"analyses": ()}`` omits it).
 
     Returns:
         :class:`ReportResult`.
@@ -174,7 +175,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     try:
         doc = ReportDoc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
-                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc, identical)
+                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc, identical, protocol)
         html_text, md_text = result
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
@@ -189,11 +190,11 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
 
 
 def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs: dict[tuple[str, str], Path],
-           counts: pd.DataFrame,
-           metrics_df: pd.DataFrame | None, blocks: dict[tuple[str, str], list[System]],
+           counts: pd.DataFrame, metrics_df: pd.DataFrame | None, blocks: dict[tuple[str, str], list[System]],
            labels_by_run: dict[str, str], populations: Sequence[Population], n_boot: int, level: float,
            seed: int, rules: Sequence[str], metrics: Sequence[str], max_overlays: int,
-           notes: list[str], posthoc: str = "nemenyi", identical: dict | None = None) -> tuple[str, str]:
+           notes: list[str], posthoc: str = "nemenyi", identical: dict | None = None,
+           protocol: dict | None = None) -> tuple[str, str]:
     study = study_dir.resolve().name
     n_blocks = len(blocks)
     # ---------------- per-block analysis (figures are drawn in the figures section)
@@ -236,11 +237,9 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
     for sec, g in contract.groupby("section", sort=False):
         doc.sub(str(sec))
         doc.frame(g[["field", "value"]].reset_index(drop=True))
-    contract_csv = doc.out / "data" / "contract.csv"
-    atomic_write_text(contract_csv, contract.to_csv(index=False))
+    atomic_write_text(contract_csv := doc.out / "data" / "contract.csv", contract.to_csv(index=False))
     doc.tables.append(contract_csv)
-    problems = [f"{r.run_id}: {p}" for r in runs.values() for p in r.problems]
-    if problems:
+    if problems := [f"{r.run_id}: {p}" for r in runs.values() for p in r.problems]:
         doc.text("Missing run files: " + "; ".join(problems), "note")
 
     # ---------------- scores
@@ -434,6 +433,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
                        " (TP green, FP red, FN blue)" + (f"; {grey}" if grey else ""))
 
     write_training_curves(doc, runs, labels_by_run)
+    write_protocol_section(doc, study_dir, notes, **(protocol or {}))
 
     # ---------------- first screen: summary and checklist (built last, shown first)
     scores_all = pd.concat(all_scores, ignore_index=True)

@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 from scipy import ndimage
 
-__all__ = ["LesionMatch", "criterion_key", "label_components", "lesion_metrics", "lesion_scores", "match_lesions"]
+__all__ = ["LesionMatch", "criterion_key", "label_components", "lesion_metrics", "lesion_scores", "match_lesions",
+           "match_lesions_many"]
 
 CRITERIA = ("any_overlap", "centroid_in_reference", "iou")
 
@@ -180,6 +181,28 @@ def match_lesions(pred: np.ndarray, ref: np.ndarray, criterion: str = "any_overl
     lab_p, n_p = label_components(pred, connectivity, min_area)
     lab_r, n_r = label_components(ref, connectivity, min_area)
     return _match(lab_p, n_p, lab_r, n_r, criterion, iou_threshold, offset)
+
+
+def match_lesions_many(pred: np.ndarray, ref: np.ndarray, rules: Sequence[tuple[str, float]], connectivity: int = 8,
+                       min_area: int = 0) -> list[LesionMatch]:
+    """:func:`match_lesions` under several ``(criterion, iou_threshold)`` rules, the components labelled once.
+
+    Returns:
+        One :class:`LesionMatch` per rule, in order (the threshold matters for ``iou`` only).
+
+    Raises:
+        ValueError: as :func:`match_lesions`.
+    """
+    pred = np.asarray(pred, dtype=bool)
+    ref = np.asarray(ref, dtype=bool)
+    if pred.shape != ref.shape:
+        raise ValueError(f"pred and ref must have the same shape, got {pred.shape} and {ref.shape}")
+    if any(not 0.0 < t <= 1.0 for _, t in rules):
+        raise ValueError(f"iou thresholds must be in (0, 1], got {[t for _, t in rules]}")
+    pred, ref, offset = _crop_to_union(pred, ref)
+    lab_p, n_p = label_components(pred, connectivity, min_area)
+    lab_r, n_r = label_components(ref, connectivity, min_area)
+    return [_match(lab_p, n_p, lab_r, n_r, c, t, offset) for c, t in rules]
 
 
 def lesion_scores(match: LesionMatch) -> dict[str, float]:
