@@ -178,6 +178,10 @@ def with_context(df: pd.DataFrame, config: dict | None = None) -> pd.DataFrame:
     for col, default in CONTEXT_DEFAULTS.items():
         if col not in out.columns:
             out[col] = fb.get(col, default)
+        elif col in fb:  # a version-1 counts file reads as unknown (-1 / "unspecified"): the config says
+            unknown = out[col].isin([default, "unspecified", "unknown"])
+            if unknown.any():
+                out.loc[unknown, col] = fb[col]
     out["input_size"] = out["input_size"].astype(np.int64)
     out["seed"] = out["seed"].astype(np.int64)
     for col in ("split_policy", "variant", "test_time_rule"):

@@ -105,7 +105,7 @@ def external_transfer_figure(tidy: pd.DataFrame):
                 ax.scatter(np.full(len(folds), i + off), folds["dice"], s=14, alpha=0.45, color=color(j),
                            label=lab_f)
                 if len(ens):
-                    ax.scatter([i + off], ens["dice"], s=70, marker="D", color=color(j), edgecolor="black",
+                    ax.scatter(np.full(len(ens), i + off), ens["dice"], s=70, marker="D", color=color(j), edgecolor="black",
                                label=f"ensemble, {size} px" if i == 0 else None)
         ax.set_xticks(range(len(archs)), archs, rotation=30, ha="right")
         ax.set_ylabel("pooled foreground Dice (0-1)")
