@@ -8,7 +8,7 @@ Context columns (``docs/counts_schema.md``): ``input_size`` (int64, px, the run'
 -1 unknown), ``split_policy`` (e.g. ``fixed``, ``random(seed=1)``), ``seed`` (training seed), ``variant``
 (``key=value;...`` of the study's axes), ``test_time_rule``. Files written before these columns existed get them
 from the run folder's ``config.yaml`` (``data.input_size``, ``random_seed``, ``data.split.mode``) or the
-"unknown" values (-1, ``"unknown"``, ``""``).
+"unknown" values (-1, ``"unspecified"``, ``""``: msb.evaluation.counts.PROTOCOL_DEFAULTS).
 
 Added columns (not in counts files): ``eval_dir`` (the counts file's folder), ``eval_kind`` (``internal``:
 ``evaluation/<role>/``; ``external``: ``evaluation/external/<name>/<role>/``), ``is_ensemble`` (fold-ensemble
@@ -30,14 +30,14 @@ import yaml
 from msb.analysis.contract import RunInfo, find_counts_files, find_run_dirs, read_run
 from msb.analysis.counts_io import read_counts
 from msb.errors import MSBError
+from msb.evaluation.counts import PROTOCOL_DEFAULTS
 from msb.utils.evaluation_folder import check_listed_digest
 
 __all__ = ["CONTEXT_DEFAULTS", "StudyArtifacts", "load_study", "with_context", "architecture_label",
            "protocol_family", "split_seed", "check_one_protocol", "annotate_counts"]
 
 #: The run-context columns and their "unknown" values.
-CONTEXT_DEFAULTS: dict[str, object] = {"input_size": -1, "split_policy": "unknown", "seed": -1, "variant": "",
-                                       "test_time_rule": ""}
+CONTEXT_DEFAULTS: dict[str, object] = dict(PROTOCOL_DEFAULTS)  # one definition: msb.evaluation.counts
 _FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
 _HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _ENSEMBLE = re.compile(r"-ensemble\d*$")
@@ -179,7 +179,7 @@ def with_context(df: pd.DataFrame, config: dict | None = None) -> pd.DataFrame:
         if col not in out.columns:
             out[col] = fb.get(col, default)
         elif col in fb:  # a version-1 counts file reads as unknown (-1 / "unspecified"): the config says
-            unknown = out[col].isin([default, "unspecified", "unknown"])
+            unknown = out[col].isin([default, "unknown"])
             if unknown.any():
                 out.loc[unknown, col] = fb[col]
     out["input_size"] = out["input_size"].astype(np.int64)
