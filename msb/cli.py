@@ -350,7 +350,8 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     log(f"registry adapters: {', '.join(available_architectures())}")
 
 
-import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` and ``msb audit`` (after the commands above)
+import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` (after the commands above)
+import msb.cli_audit  # noqa: E402,F401 - registers ``msb audit``
 import msb.cli_metrics  # noqa: E402,F401 - registers ``msb metrics`` (boundary/lesion/legacy metrics)
 import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 import msb.cli_weights  # noqa: E402,F401 - registers ``msb weights list|fetch``

@@ -1,4 +1,4 @@
-"""``msb data prepare|synth|validate`` and ``msb audit``: the dataset commands."""
+"""``msb data prepare|synth|validate``: the dataset commands (``msb audit`` is in :mod:`msb.cli_audit`)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
-from msb.cli_common import app, console, data_app, log, track
+from msb.cli_common import data_app, log, track
 from msb.errors import MSBError
 
-__all__ = ["data_prepare", "data_synth", "data_validate", "audit"]
+__all__ = ["data_prepare", "data_synth", "data_validate"]
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -85,54 +84,3 @@ def data_validate(root: Path = typer.Argument(..., help="Prepared dataset folder
     ds = load_prepared_dataset(root)
     verify_files(ds, track=track, use_record=False)
     log(f"{root}: {len(ds.index)} samples, {len(ds.foreground_classes)} foreground class(es): OK")
-
-
-# ----------------------------------------------------------------------------------------------- audit
-@app.command()
-def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
-          against: Optional[Path] = typer.Option(None, help="Second prepared dataset: audit across the two."),
-          out: Optional[Path] = typer.Option(None, help="Audit folder (default <dataset>/audit[_vs_<other>])."),
-          hamming_k: int = typer.Option(8, help="Candidate pair: pHash or dHash Hamming distance <= k (of 64 bits)."),
-          screens: bool = typer.Option(True, help="Pixel screens (NCC, SSIM) on candidate pairs."),
-          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
-          ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
-          ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
-          split_file: Optional[Path] = typer.Option(None, help="sample_id,split CSV (e.g. a run's split.csv) "
-                                                               "instead of index.csv's split column."),
-          workers: int = typer.Option(1, help="Hashing processes / search threads."),
-          max_sheet_pairs: int = typer.Option(300, help="Pairs shown on the HTML contact sheet."),
-          apply: Optional[Path] = typer.Option(None, help="DECISIONS.csv (sample_id,action,reason,target): write a "
-                                                          "curated index.csv; no audit is run unless "
-                                                          "--apply-clusters."),
-          apply_clusters: bool = typer.Option(False, help="Audit, then write a curated dataset whose groups merge "
-                                                          "every near-duplicate cluster."),
-          curated_out: Optional[Path] = typer.Option(None, help="Curated dataset folder (default "
-                                                                "<parent>/<name>_curated)."),
-          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder.")) -> None:
-    """Duplicate and leakage audit: identical bytes, pHash/dHash near-duplicates, cross-split census, reports."""
-    from msb.audit.core import AuditConfig
-    from msb.audit.pipeline import audit_dataset
-
-    cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
-                      ssim_min=ssim_min, workers=workers)
-    res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
-                        apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
-                        max_sheet_pairs=max_sheet_pairs, progress=track)
-    if res.result is not None:
-        from msb.audit.census import summary_table
-
-        r = res.result
-        summ = summary_table(r.census)
-        table = Table(title=f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
-                            f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
-        for col in summ.columns:
-            table.add_column(col, justify="left" if col == "relation" else "right")
-        for row in summ.itertuples(index=False):
-            table.add_row(*[str(v) for v in row])
-        console.print(table)
-        if r.params["n_unassigned_rows"]:
-            log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
-                f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
-        log(f"audit written to {res.written[0].parent} ({', '.join(p.name for p in res.written)})")
-    if res.curation is not None:
-        log(res.curation.summary())

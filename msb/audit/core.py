@@ -2,8 +2,10 @@
 
 Rules (recorded in ``AuditResult.params``):
 
-* **candidate pair**: two rows whose pHash Hamming distance is ``<= k`` *or* whose dHash distance is ``<= k``
-  (``k = hamming_k``, default 8 of 64 bits). Byte-identical files are always candidates (distance 0).
+* **candidate pair** (:mod:`msb.audit.candidates`): with ``candidates="hash"`` two rows whose pHash Hamming
+  distance is ``<= k`` *or* whose dHash distance is ``<= k`` (``k = hamming_k``, default 8 of 64 bits;
+  byte-identical files have distance 0); with ``"all"`` also every pair whose thumbnails have NCC ``>= ncc_min``
+  (every pair compared); ``"auto"`` (default) = ``all`` up to :data:`ALL_PAIRS_MAX_ROWS` rows.
 * **pixel screens** (``screens=True``): NCC and SSIM of each candidate pair on grey thumbnails
   (:mod:`msb.audit.screens`); a candidate is *confirmed* when ``ncc >= ncc_min`` (if set) and
   ``ssim >= ssim_min`` (if set), or when the files are byte-identical. Without screens every candidate is
@@ -12,6 +14,8 @@ Rules (recorded in ``AuditResult.params``):
   ``near_duplicate`` (connected components of confirmed pairs), ``hash_candidates`` (components of all
   candidates; only with screens), ``shared_group`` (same non-empty ``group``; single-dataset mode only) and
   ``same_file_name`` (same lower-case file stem of ``image_path``).
+* **sources**: the ``group`` column, or the first capture group of ``group_pattern`` in the image file name;
+* **counterparts** (:mod:`msb.audit.counterparts`): rules ``first`` / ``any`` over the evaluation rows;
 * **boundary**: the split (``index.csv``'s ``split``, or a split file such as a run's ``split.csv``), or with
   ``against`` the dataset name.
 """
@@ -27,13 +31,20 @@ import imagehash
 import numpy as np
 import pandas as pd
 
+from msb.audit.candidates import RECALL_KS, candidate_pairs, prefilter_recall
 from msb.audit.census import census_table
+from msb.audit.counterparts import counterpart_table
+from msb.audit.counterparts import rule_text as counterpart_rule_text
 from msb.audit.hashing import DEFAULT_THUMB, hash_images, hex64
 from msb.audit.screens import ncc_pairs, screen_description, ssim_pairs
-from msb.audit.search import HAS_BITWISE_COUNT, component_labels, exact_labels, hamming, pairs_within
+from msb.audit.search import HAS_BITWISE_COUNT, component_labels, exact_labels, hamming
+from msb.audit.sources import group_regex, groups_from_pattern
 from msb.data.schema import load_prepared_dataset
 from msb.data.splits import read_split_file
 from msb.errors import MSBError
+
+#: ``--candidates auto`` compares every pair up to this many rows (N(N-1)/2 NCC dot products), hashes above
+ALL_PAIRS_MAX_ROWS = 20_000
 
 
 @dataclass
@@ -48,6 +59,13 @@ class AuditConfig:
         ssim_min: SSIM threshold for confirmation (``None`` = not used).
         workers: processes for hashing and threads for the search.
         block: rows per search block.
+        candidates: ``all`` (every pair's thumbnails compared with NCC, :func:`msb.audit.screens.ncc_all_pairs`:
+            a candidate is a pair with NCC >= ``ncc_min`` *or* a hash distance <= k), ``hash`` (the pHash/dHash
+            prefilter only) or ``auto`` (``all`` up to ``all_pairs_max_rows`` rows, ``hash`` above).
+        all_pairs_max_rows: the ``auto`` limit.
+        counterpart: counterpart rule(s) reported (:mod:`msb.audit.counterparts`): ``first``, ``any`` or ``both``.
+        group_pattern: regular expression searched in the image file name (``Path(image_path).name``); its first
+            capture group is the row's source/video id, used instead of the ``group`` column.
     """
 
     hamming_k: int = 8
@@ -57,6 +75,10 @@ class AuditConfig:
     ssim_min: float | None = None
     workers: int = 1
     block: int = 256
+    candidates: str = "auto"
+    all_pairs_max_rows: int = ALL_PAIRS_MAX_ROWS
+    counterpart: str = "both"
+    group_pattern: str | None = None
 
     def validate(self) -> None:
         """Raise :class:`MSBError` for out-of-range values (naming the option)."""
@@ -70,6 +92,27 @@ class AuditConfig:
                 raise MSBError(f"{name} must be in [-1, 1], got {v!r}.")
         if not isinstance(self.workers, int) or self.workers < 1:
             raise MSBError(f"--workers must be an integer >= 1, got {self.workers!r}.")
+        if self.candidates not in ("auto", "all", "hash"):
+            raise MSBError(f"--candidates must be auto, all or hash, got {self.candidates!r}.")
+        if self.counterpart not in ("first", "any", "both"):
+            raise MSBError(f"--counterpart must be first, any or both, got {self.counterpart!r}.")
+        if self.candidates == "all" and not self.ncc_screen:
+            raise MSBError("--candidates all compares every pair with NCC: it needs --screens and an --ncc-min "
+                           "threshold above -1; use --candidates hash otherwise.")
+        if self.group_pattern is not None:
+            group_regex(self.group_pattern)
+
+    def resolved_candidates(self, n_rows: int) -> str:
+        """``all`` or ``hash`` for an audit of ``n_rows`` rows (``auto``: ``all`` when ``n_rows <=
+        all_pairs_max_rows`` and the NCC screen is on, :attr:`ncc_screen`)."""
+        if self.candidates != "auto":
+            return self.candidates
+        return "all" if self.ncc_screen and n_rows <= self.all_pairs_max_rows else "hash"
+
+    @property
+    def ncc_screen(self) -> bool:
+        """True when the NCC screen rejects something (screens on, ``ncc_min`` set and above -1)."""
+        return bool(self.screens and self.ncc_min is not None and float(self.ncc_min) > -1.0)
 
 
 @dataclass
@@ -87,6 +130,9 @@ class AuditResult:
         params: rules, thresholds, versions, timings (JSON-serialisable).
         boundary: ``"split"`` or ``"dataset"``.
         datasets: ``{name: root}`` of the audited datasets.
+        verdict: :func:`msb.audit.verdict.audit_verdict` output, set by :func:`msb.audit.pipeline.audit_dataset`
+            (``None`` until then; the reports then record a verdict with no check requested).
+        counterparts: :func:`msb.audit.counterparts.counterpart_table` output (``None`` when not computed).
     """
 
     rows: pd.DataFrame
@@ -95,6 +141,8 @@ class AuditResult:
     params: dict[str, Any]
     boundary: str
     datasets: dict[str, str] = field(default_factory=dict)
+    verdict: dict[str, Any] | None = None
+    counterparts: pd.DataFrame | None = None
 
     def clusters(self, relation: str = "near_duplicate") -> pd.DataFrame:
         """Groups with >= 2 rows of ``relation``: ``cluster, n_rows, sides, sample_ids`` (``;``-joined)."""
@@ -121,8 +169,8 @@ def _confirmation_rule(cfg: AuditConfig) -> str:
     return (" and ".join(parts) or "all candidates") + " (byte-identical files always confirmed)"
 
 
-def _load_rows(root: str | Path, name: str | None, split_file: str | Path | None, key_prefix: bool
-               ) -> tuple[pd.DataFrame, str]:
+def _load_rows(root: str | Path, name: str | None, split_file: str | Path | None, key_prefix: bool,
+               group_pattern: str | None = None) -> tuple[pd.DataFrame, str]:
     ds = load_prepared_dataset(root, check_files=True)
     dname = name or ds.name
     idx = ds.index
@@ -132,8 +180,12 @@ def _load_rows(root: str | Path, name: str | None, split_file: str | Path | None
         split = np.array([sf.get(s, "") for s in ds.sample_ids], dtype=object)
     stems = [PurePosixPath(p).stem.lower() for p in idx["image_path"]]
     keys = [f"{dname}:{s}" if key_prefix else s for s in ds.sample_ids]
+    groups = idx["group"].astype(str).to_numpy()
+    if group_pattern is not None:
+        groups = np.array(groups_from_pattern([PurePosixPath(p).name for p in idx["image_path"]], group_pattern),
+                          dtype=object)
     rows = pd.DataFrame({"key": keys, "dataset": dname, "sample_id": ds.sample_ids, "split": split,
-                         "group": idx["group"].astype(str).to_numpy(),
+                         "group": groups,
                          "image_path": [str(ds.root / PurePosixPath(p)) for p in idx["image_path"]],
                          "file_stem": stems})
     return rows, str(ds.root)
@@ -163,8 +215,9 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
     cfg.validate()
     t0 = time.perf_counter()
     if against is not None:
-        if split_file is not None:
-            raise MSBError("--split-file applies to a single-dataset audit; drop it or --against.")
+        if split_file is not None or cfg.group_pattern is not None:
+            raise MSBError("--split-file and --group-pattern apply to a single-dataset audit; drop them or "
+                           "--against.")
         if Path(dataset).expanduser().resolve() == Path(against).expanduser().resolve():
             raise MSBError(f"--against {against} is the audited dataset itself; give a different dataset.")
         a, root_a = _load_rows(dataset, None, None, True)
@@ -177,7 +230,7 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
         boundary = "dataset"
         datasets = {str(a["dataset"].iat[0]): root_a, name_b: root_b}
     else:
-        rows, root = _load_rows(dataset, None, split_file, False)
+        rows, root = _load_rows(dataset, None, split_file, False, cfg.group_pattern)
         rows["side"] = rows["split"]
         boundary = "split"
         datasets = {str(rows["dataset"].iat[0]): root}
@@ -192,13 +245,13 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
     rows["dhash"] = hex64(table.dhash)
     rows["height"], rows["width"], rows["n_bytes"] = table.height, table.width, table.n_bytes
 
-    # candidate pairs: pHash <= k or dHash <= k (identical bytes have distance 0 in both)
+    # candidate pairs (msb.audit.candidates): hash prefilter, or every pair's NCC plus the hash candidates
     t_search = time.perf_counter()
     k = cfg.hamming_k
-    pi, pj, _ = pairs_within(table.phash, k, block=cfg.block, workers=cfg.workers)
-    di, dj, _ = pairs_within(table.dhash, k, block=cfg.block, workers=cfg.workers)
-    code = np.unique(np.concatenate([pi * n + pj, di * n + dj]))
-    ia, ib = (code // n).astype(np.int64), (code % n).astype(np.int64)
+    generator = cfg.resolved_candidates(n)
+    cand = candidate_pairs(table.phash, table.dhash, table.thumbs, k, generator, cfg.ncc_min, cfg.block,
+                           cfg.workers)
+    ia, ib = cand.a, cand.b
     t_search = time.perf_counter() - t_search
     same_bytes = table.sha256[ia] == table.sha256[ib] if len(ia) else np.zeros(0, bool)
     same_bytes = np.asarray(same_bytes, dtype=bool)
@@ -244,14 +297,28 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
         "dhash_distance": hamming(table.dhash[ia], table.dhash[ib]).astype(np.int64),
         "same_bytes": same_bytes, "ncc": ncc, "ssim": ssim, "confirmed": confirmed,
         "crosses": (side[ia] != "") & (side[ib] != "") & (side[ia] != side[ib]),
-        "near_duplicate_cluster": relations["near_duplicate"][ia],
+        "near_duplicate_cluster": relations["near_duplicate"][ia], "hash_candidate": cand.by_hash,
     })
     census = census_table(relations, side, rows["file_stem"].to_numpy().astype(str))
+    reference = "train" if boundary == "split" else str(rows["dataset"].iat[-1])
+    rules = ("first", "any") if cfg.counterpart == "both" else (cfg.counterpart,)
+    counterparts = counterpart_table(relations, side, rows["group"].to_numpy().astype(str), reference, rules)
+    recall = None
+    if generator == "all":
+        recall = prefilter_recall(pairs["phash_distance"].to_numpy(), pairs["dhash_distance"].to_numpy(),
+                                  confirmed & ~same_bytes, sorted({*RECALL_KS, k}))
+        recall["reference"] = (f"pairs confirmed with every pair compared ({_confirmation_rule(cfg)}), "
+                               f"byte-identical pairs left out (every k finds them)")
     params = {
         "boundary": boundary, "datasets": datasets, "split_file": str(split_file) if split_file else None,
         "n_rows": n, "n_unassigned_rows": int((side == "").sum()),
         "config": asdict(cfg),
-        "candidate_rule": f"pHash Hamming distance <= {k} or dHash Hamming distance <= {k} (64-bit hashes)",
+        "candidate_generator": generator, "candidate_rule": cand.rule,
+        "prefilter_recall": recall,
+        "counterparts": {"reference_side": reference, "rules": list(rules),
+                         "rule_text": counterpart_rule_text(reference),
+                         "sources": "group column" if cfg.group_pattern is None
+                         else f"--group-pattern {cfg.group_pattern!r} (first capture group of the file name)"},
         "hashes": "imagehash.phash(hash_size=8, highfreq_factor=4) and imagehash.dhash(hash_size=8) of the PIL "
                   "convert('L') grey image; SHA-256 of the file bytes",
         "screens": screen_description(cfg.screen_size) if cfg.screens else None,
@@ -264,7 +331,8 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
         "seconds": {"fingerprinting": round(t_hash, 3), "search": round(t_search, 3),
                     "screens": round(t_screen, 3), "total": round(time.perf_counter() - t0, 3)},
     }
-    return AuditResult(rows=rows, pairs=pairs, census=census, params=params, boundary=boundary, datasets=datasets)
+    return AuditResult(rows=rows, pairs=pairs, census=census, params=params, boundary=boundary, datasets=datasets,
+                       counterparts=counterparts)
 
 
 __all__ = ["AuditConfig", "AuditResult", "run_audit"]

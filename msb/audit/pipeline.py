@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 
 from msb.audit.core import AuditConfig, AuditResult, run_audit
 from msb.audit.curate import CurationReport, apply_decisions, cluster_decisions, read_decisions
 from msb.audit.report import write_audit
+from msb.audit.verdict import audit_verdict, parse_checks
 from msb.data.schema import load_prepared_dataset
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
@@ -46,8 +47,12 @@ def audit_dataset(dataset: str | Path, *, against: str | Path | None = None, out
                   config: AuditConfig | None = None, split_file: str | Path | None = None,
                   apply: str | Path | None = None, apply_clusters: bool = False,
                   curated_out: str | Path | None = None, overwrite: bool = False, max_sheet_pairs: int = 300,
+                  fail_on: Sequence[str] = (),
                   progress: Callable[[Iterable, str, int], Iterator] | None = None) -> AuditOutcome:
     """Run the ``msb audit`` modes described in the module docstring.
+
+    ``fail_on``: verdict checks (:mod:`msb.audit.verdict`); the verdict is stored in ``result.verdict`` and
+    written to ``<out>/verdict.json`` (this function does not raise on ``FAIL``; the CLI exits 3).
 
     Raises:
         MSBError: ``apply``/``apply_clusters`` with ``against`` (curation is per dataset), and every error of
@@ -57,7 +62,12 @@ def audit_dataset(dataset: str | Path, *, against: str | Path | None = None, out
         raise MSBError("--apply/--apply-clusters curate one dataset; run them without --against.")
     if apply is not None and not apply_clusters:
         return AuditOutcome(curation=apply_decisions(dataset, apply, curated_out, overwrite=overwrite))
+    checks = parse_checks(fail_on)  # unknown names fail before the audit runs
+    if against is not None and "crossing-group" in checks:
+        raise MSBError("--fail-on crossing-group: groups are only audited across the splits of one dataset; "
+                       "drop it or audit without --against.")
     result = run_audit(dataset, against=against, split_file=split_file, config=config, progress=progress)
+    result.verdict = audit_verdict(result.census, result.boundary, checks)
     out_dir = Path(out) if out is not None else default_out(dataset, against)
     written = write_audit(result, out_dir, max_sheet_pairs=max_sheet_pairs)
     curation = None

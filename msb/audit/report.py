@@ -6,12 +6,17 @@ Files written into the audit folder (each atomically; an existing file is replac
 file                        content
 ==========================  ==================================================================================
 ``census.csv``              the cross-boundary census (:mod:`msb.audit.census`), one row per quantity
-``pairs.csv``               every candidate pair with its distances, screens, ``confirmed``, ``crosses``
+``pairs.csv``               every candidate pair with its distances, screens, ``confirmed``, ``crosses``,
+                            ``hash_candidate`` (found by the pHash/dHash prefilter)
+``counterparts.csv``        counterpart rules ``first`` / ``any`` (:mod:`msb.audit.counterparts`): counts with
+                            unit and denominator per rule and relation
 ``clusters.csv``            groups with >= 2 rows of every relation (``keys`` ``;``-joined)
 ``images.csv``              one row per image: hashes, sizes, cluster label per relation
-``audit.xlsx``              sheets ``census``, ``pairs``, ``clusters``, ``images``, ``parameters``
+``audit.xlsx``              sheets ``census``, ``counterparts``, ``pairs``, ``clusters``, ``images``, ``parameters``
 ``contact_sheet.html``      candidate pairs side by side (crossing first, then by distance) with their numbers
 ``audit.json``              parameters (rules, thresholds, screen resolution and interpolation, versions, times)
+``verdict.json``            the verdict (:mod:`msb.audit.verdict`): status, requested and failed checks, every
+                            check's crossing groups/rows with denominators, the one-line summary
 ``decisions_template.csv``  single-dataset mode: one ``group`` decision per near-duplicate cluster member, ready
                             for ``msb audit --apply`` (edit ``action`` to ``drop``/``keep`` as reviewed)
 ==========================  ==================================================================================
@@ -43,12 +48,27 @@ td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
 .pair img{max-width:{{ px }}px;max-height:{{ px }}px;margin:2px}
 .meta{font-size:12px}
 .no{color:#888}
+.verdict{font-size:16px;padding:6px 10px;border:2px solid #27ae60}
+.verdict.fail{border-color:#c0392b;color:#c0392b}
 </style></head><body>
 <h1>Duplicate and leakage audit: {{ title }}</h1>
+<p class="verdict {{ verdict.status|lower }}"><b>{{ verdict.line }}</b></p>
+<h2>Summary</h2>
+<table><tr><th>check</th><th>crossing groups</th><th>of groups (&ge; 2 rows)</th><th>crossing rows</th>
+<th>of rows with a side</th><th>side pairs crossed</th><th>gated</th></tr>
+{% for c in verdict.checks %}{% if c.available %}<tr><td>{{ c.check }} ({{ c.relation }})</td><td>{{ c.crossing_groups }}</td>
+<td>{{ c.groups }}</td><td>{{ c.crossing_rows }}</td><td>{{ c.rows_with_side }}</td>
+<td>{% for k, v in c.side_pairs.items() %}{{ k }}: {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}</td>
+<td>{% if c.check in verdict.failed %}<b>FAIL</b>{% elif c.check in verdict.checked %}pass{% else %}not gated{% endif %}</td></tr>
+{% endif %}{% endfor %}</table>
+{% if counterparts %}<h2>Counterparts of evaluation rows</h2>
+<p>{{ params.counterparts.rule_text }}</p>
+<table><tr>{% for k in counterparts[0].keys() %}<th>{{ k }}</th>{% endfor %}</tr>
+{% for r in counterparts %}<tr>{% for v in r.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endif %}
 <p>Boundary: <b>{{ params.boundary }}</b>. Rows: {{ params.n_rows }} ({{ params.n_unassigned_rows }} without a side).
 Candidate rule: {{ params.candidate_rule }}. Confirmation: {{ params.confirmation_rule }}.
 {% if params.screens %}Screens: {{ params.screens }}.{% endif %}</p>
-<h2>Census</h2>
+<h2>Census (every relation, quantity and side)</h2>
 <table><tr><th>relation</th><th>quantity</th><th>scope</th><th>count</th><th>unit</th><th>of</th><th>denominator unit</th></tr>
 {% for r in census %}<tr><td>{{ r.relation }}</td><td>{{ r.quantity }}</td><td>{{ r.scope }}</td><td>{{ r.count }}</td>
 <td>{{ r.unit }}</td><td>{{ r.denominator }}</td><td>{{ r.denominator_unit }}</td></tr>
@@ -99,8 +119,17 @@ def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 16
                       "near_duplicate_cluster": int(r.near_duplicate_cluster),
                       "img_a": _thumb_data_uri(paths[r.a], px), "img_b": _thumb_data_uri(paths[r.b], px)})
     title = " vs ".join(result.datasets)
+    cp = getattr(result, "counterparts", None)
     return _SHEET.render(title=title, params=result.params, census=result.census.to_dict("records"), pairs=items,
-                         shown=len(items), total=len(result.pairs), px=px)
+                         shown=len(items), total=len(result.pairs), px=px, verdict=result_verdict(result),
+                         counterparts=cp.to_dict("records") if cp is not None and len(cp) else [])
+
+
+def result_verdict(result: AuditResult) -> dict:
+    """``result.verdict``, or the verdict with no check requested when the audit was run without one."""
+    from msb.audit.verdict import audit_verdict
+
+    return result.verdict if result.verdict is not None else audit_verdict(result.census, result.boundary)
 
 
 def all_clusters(result: AuditResult) -> pd.DataFrame:
@@ -134,19 +163,26 @@ def write_audit(result: AuditResult, out_dir: str | Path, max_sheet_pairs: int =
     written = []
     tables = {"census.csv": result.census, "pairs.csv": result.pairs, "clusters.csv": clusters,
               "images.csv": result.rows}
+    if result.counterparts is not None:
+        tables["counterparts.csv"] = result.counterparts
     for name, df in tables.items():
         atomic_write_text(out / name, df.to_csv(index=False, lineterminator="\n"))
         written.append(out / name)
     with atomic_path(out / "audit.xlsx") as tmp:
         with pd.ExcelWriter(tmp, engine="openpyxl") as xw:
-            for sheet, df in (("census", result.census), ("pairs", result.pairs), ("clusters", clusters),
-                              ("images", result.rows), ("parameters", params)):
+            sheets = [("census", result.census), ("pairs", result.pairs), ("clusters", clusters),
+                      ("images", result.rows), ("parameters", params)]
+            if result.counterparts is not None:
+                sheets.insert(1, ("counterparts", result.counterparts))
+            for sheet, df in sheets:
                 df.to_excel(xw, sheet_name=sheet, index=False)
     written.append(out / "audit.xlsx")
     atomic_write_text(out / "contact_sheet.html", render_contact_sheet(result, max_sheet_pairs, thumb_px))
     written.append(out / "contact_sheet.html")
     atomic_write_text(out / "audit.json", json.dumps(result.params, indent=2, sort_keys=True, default=str) + "\n")
     written.append(out / "audit.json")
+    atomic_write_text(out / "verdict.json", json.dumps(result_verdict(result), indent=2, ensure_ascii=False) + "\n")
+    written.append(out / "verdict.json")
     if result.boundary == "split":
         atomic_write_text(out / "decisions_template.csv",
                           cluster_decisions(result).to_csv(index=False, lineterminator="\n"))
@@ -154,4 +190,4 @@ def write_audit(result: AuditResult, out_dir: str | Path, max_sheet_pairs: int =
     return written
 
 
-__all__ = ["write_audit", "render_contact_sheet", "all_clusters"]
+__all__ = ["write_audit", "render_contact_sheet", "all_clusters", "result_verdict"]

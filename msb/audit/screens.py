@@ -50,6 +50,48 @@ def ncc_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray, block: int = 409
     return np.clip(out, -1.0, 1.0)
 
 
+def ncc_all_pairs(thumbs: np.ndarray, threshold: float, block: int = 1024, margin: float = 1e-4
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``i < j`` whose NCC is ``>= threshold - margin``, comparing all ``N(N-1)/2`` pairs.
+
+    Vectorised: the thumbnails become a ``(N, S*S)`` ``float32`` matrix of centred, unit-norm rows (``z``-scored
+    pixels divided by ``sqrt(S*S)``), so NCC of rows ``i, j`` is their dot product; row blocks of ``block`` are
+    multiplied with all later rows (BLAS). Zero-variance thumbnails (NCC undefined) pair with nothing. The
+    ``margin`` absorbs ``float32`` rounding (about 1e-6 here); callers recompute the kept pairs exactly in
+    ``float64`` with :func:`ncc_pairs` and apply the threshold to those values.
+
+    Args:
+        thumbs: ``(N, S, S)`` ``uint8``.
+        threshold: NCC threshold in [-1, 1].
+        block: rows per block (memory ``block * N * 4`` bytes).
+        margin: kept below the threshold (see above).
+
+    Returns:
+        ``(i, j)``: ``int64`` arrays, ``i < j``, sorted by ``i`` then ``j``.
+    """
+    n = len(thumbs)
+    flat = thumbs.reshape(n, -1).astype(np.float32)
+    flat -= flat.mean(axis=1, keepdims=True)
+    norm = np.sqrt((flat.astype(np.float64) ** 2).sum(axis=1))
+    ok = norm > 0
+    flat[ok] /= norm[ok, None].astype(np.float32)
+    flat[~ok] = 0.0
+    ii, jj = [], []
+    cut = np.float32(threshold - margin)
+    for s in range(0, n, block):
+        sim = flat[s:s + block] @ flat[s:].T  # (b, n - s): rows s.. against rows s..
+        r, c = np.nonzero(sim >= cut)
+        keep = c > r  # j > i (the diagonal and the lower triangle of the first square are dropped)
+        r, c = r[keep] + s, c[keep] + s
+        valid = ok[r] & ok[c]
+        ii.append(r[valid])
+        jj.append(c[valid])
+    i = np.concatenate(ii).astype(np.int64) if ii else np.zeros(0, np.int64)
+    j = np.concatenate(jj).astype(np.int64) if jj else np.zeros(0, np.int64)
+    o = np.lexsort((j, i))
+    return i[o], j[o]
+
+
 def ssim_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Mean SSIM of thumbnail pairs ``(i[t], j[t])`` (skimage, parameters :data:`SSIM_PARAMS`).
 
@@ -60,4 +102,4 @@ def ssim_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
                     dtype=np.float64)
 
 
-__all__ = ["ncc_pairs", "ssim_pairs", "screen_description", "SSIM_PARAMS"]
+__all__ = ["ncc_pairs", "ncc_all_pairs", "ssim_pairs", "screen_description", "SSIM_PARAMS"]

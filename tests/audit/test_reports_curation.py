@@ -37,11 +37,12 @@ def test_reports_written(planted_result, tmp_path: Path) -> None:
     written = write_audit(planted_result, out)
     names = sorted(p.name for p in written)
     assert names == sorted(["census.csv", "pairs.csv", "clusters.csv", "images.csv", "audit.xlsx",
-                            "contact_sheet.html", "audit.json", "decisions_template.csv"])
+                            "contact_sheet.html", "audit.json", "decisions_template.csv", "counterparts.csv",
+                            "verdict.json"])
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temporary leftovers
     census = pd.read_csv(out / "census.csv")
     wb = openpyxl.load_workbook(out / "audit.xlsx", read_only=True)
-    assert wb.sheetnames == ["census", "pairs", "clusters", "images", "parameters"]
+    assert wb.sheetnames == ["census", "counterparts", "pairs", "clusters", "images", "parameters"]
     assert wb["census"].max_row == len(census) + 1 and wb["pairs"].max_row == 4 + 1 and wb["images"].max_row == 13
     html = (out / "contact_sheet.html").read_text()
     assert html.count("data:image/png;base64,") == 2 * 4
@@ -49,7 +50,9 @@ def test_reports_written(planted_result, tmp_path: Path) -> None:
     assert "4 of 4 shown" in html and "64x64 px" in html
     params = json.loads((out / "audit.json").read_text())
     assert params["config"]["hamming_k"] == 8 and params["n_candidate_pairs"] == 4
-    assert "INTER_AREA" in params["screens"] and params["candidate_rule"].startswith("pHash Hamming distance <= 8")
+    assert "INTER_AREA" in params["screens"] and params["candidate_generator"] == "all"  # auto: 12 rows <= 20,000
+    assert params["candidate_rule"] == ("every pair compared: NCC >= 0.95 on 64x64 px thumbnails (66 pairs), or "
+                                        "pHash Hamming distance <= 8 or dHash Hamming distance <= 8 (64-bit hashes)")
     clusters = pd.read_csv(out / "clusters.csv")
     nd = clusters[clusters.relation == "near_duplicate"]
     assert sorted(nd["n_rows"]) == [2, 2, 2, 2] and int(nd["crosses"].sum()) == 3

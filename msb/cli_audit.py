@@ -1,0 +1,94 @@
+"""``msb audit``: duplicate and leakage audit with a verdict (exit 3 when a ``--fail-on`` check fails)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from msb.cli_common import app, console, log, track
+
+__all__ = ["audit"]
+
+
+@app.command()
+def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
+          against: Optional[Path] = typer.Option(None, help="Second prepared dataset: audit across the two."),
+          out: Optional[Path] = typer.Option(None, help="Audit folder (default <dataset>/audit[_vs_<other>])."),
+          fail_on: Optional[List[str]] = typer.Option(None, "--fail-on", help="Exit 3 when this relation crosses "
+                                                      "the boundary: crossing-identical | crossing-near-duplicate "
+                                                      "| crossing-group (repeatable or comma list)."),
+          candidates: str = typer.Option("auto", help="Candidate pairs: all (NCC of every pair: stated recall) | "
+                                                      "hash (pHash/dHash prefilter) | auto (all up to 20,000 "
+                                                      "rows, hash above)."),
+          counterpart: str = typer.Option("both", help="Counterpart rule for evaluation rows: first (identical > "
+                                                       "near-duplicate > same-group, the first that matches) | "
+                                                       "any | both."),
+          group_pattern: Optional[str] = typer.Option(None, help="REGEX on the image file name; its first capture "
+                                                                 "group is the source/video id (instead of the "
+                                                                 "group column)."),
+          hamming_k: int = typer.Option(8, help="Candidate pair: pHash or dHash Hamming distance <= k (of 64 bits)."),
+          screens: bool = typer.Option(True, help="Pixel screens (NCC, SSIM) on candidate pairs."),
+          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
+          ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
+          ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
+          split_file: Optional[Path] = typer.Option(None, help="sample_id,split CSV (e.g. a run's split.csv) "
+                                                               "instead of index.csv's split column."),
+          workers: int = typer.Option(1, help="Hashing processes / search threads."),
+          max_sheet_pairs: int = typer.Option(300, help="Pairs shown on the HTML contact sheet."),
+          apply: Optional[Path] = typer.Option(None, help="DECISIONS.csv (sample_id,action,reason,target): write a "
+                                                          "curated index.csv; no audit is run unless "
+                                                          "--apply-clusters."),
+          apply_clusters: bool = typer.Option(False, help="Audit, then write a curated dataset whose groups merge "
+                                                          "every near-duplicate cluster."),
+          curated_out: Optional[Path] = typer.Option(None, help="Curated dataset folder (default "
+                                                                "<parent>/<name>_curated)."),
+          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder.")) -> None:
+    """Duplicate and leakage audit: identical bytes, near-duplicates, shared groups, cross-split census, counterpart
+    rules, verdict (exit 3 with --fail-on when the relation crosses), reports."""
+    from msb.audit.core import AuditConfig
+    from msb.audit.pipeline import audit_dataset
+    from msb.audit.verdict import FAIL_EXIT
+
+    cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
+                      ssim_min=ssim_min, workers=workers, candidates=candidates, counterpart=counterpart,
+                      group_pattern=group_pattern)
+    res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
+                        apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
+                        max_sheet_pairs=max_sheet_pairs, fail_on=fail_on or (), progress=track)
+    if res.result is not None:
+        _print_result(res)
+    if res.curation is not None:
+        log(res.curation.summary())
+    if res.result is not None and res.result.verdict is not None:
+        log(res.result.verdict["line"])
+        if res.result.verdict["status"] == "FAIL":
+            raise typer.Exit(FAIL_EXIT)
+
+
+def _print_result(res) -> None:
+    from msb.audit.census import summary_table
+
+    r = res.result
+    summ = summary_table(r.census)
+    table = Table(title=f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
+                        f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
+    for col in summ.columns:
+        table.add_column(col, justify="left" if col == "relation" else "right")
+    for row in summ.itertuples(index=False):
+        table.add_row(*[str(v) for v in row])
+    console.print(table)
+    if r.counterparts is not None and len(r.counterparts):
+        ct = Table(title=f"counterparts of evaluation rows ({r.params['counterparts']['rule_text']})")
+        for col in r.counterparts.columns:
+            ct.add_column(str(col), justify="left" if col in ("rule", "relation") else "right")
+        for row in r.counterparts.itertuples(index=False):
+            ct.add_row(*[str(v) for v in row])
+        console.print(ct)
+    if r.params["n_unassigned_rows"]:
+        log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
+            f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
+    log(f"candidates: {r.params['candidate_rule']}; {r.params['seconds']['total']} s")
+    log(f"audit written to {res.written[0].parent} ({', '.join(p.name for p in res.written)})")
