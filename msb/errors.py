@@ -13,3 +13,10 @@ class MSBError(Exception):
 
     The message must name the file, row or key at fault and say what to do.
     """
+
+
+class AuditFailed(MSBError):
+    """A required audit check failed (``data.require_audit``): a relation crosses the run's split.
+
+    The message names the failed checks with their counts, the audit folder and what to do.
+    """

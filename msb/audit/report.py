@@ -25,6 +25,7 @@ file                        content
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 from pathlib import Path
@@ -86,9 +87,13 @@ cluster {{ p.near_duplicate_cluster }}</div></div>
 """)
 
 
+@functools.lru_cache(maxsize=4096)
 def _thumb_data_uri(path: str, px: int) -> str:
+    """PNG data URI of a ``px``-pixel thumbnail (JPEGs decoded at a reduced scale with PIL's ``draft``; a row in
+    several pairs is decoded once)."""
     try:
         with Image.open(path) as im:
+            im.draft("RGB", (px, px))  # JPEG: DCT scaling to >= px (1/2 .. 1/8); other formats: no-op
             im = im.convert("RGB")
             im.thumbnail((px, px), Image.Resampling.BILINEAR)
             buf = io.BytesIO()

@@ -65,6 +65,10 @@ class DataConfig(StrictModel):
     instead (a list, or a path to a CSV with a ``sample_id`` column or a run's ``labelled.csv``). Only the
     labelled images train with their masks; the subset is written to ``labelled.csv``. The three keys are left
     out of ``config.yaml`` and the config hash while unset, so existing run ids do not change.
+
+    ``require_audit`` (e.g. ``[crossing-near-duplicate]``; checks of :mod:`msb.audit.verdict`): before training,
+    the run's split is audited (or a cached audit of the same inputs reused, :mod:`msb.audit.gate`) and the run
+    refuses to train when a listed relation crosses it. Left out of the dump and hash while unset.
     """
 
     name: str
@@ -80,6 +84,7 @@ class DataConfig(StrictModel):
     labelled_fraction: Optional[float] = Field(None, gt=0, le=1)
     labelled_ids: Optional[list[str] | str] = None
     labelled_seed: Optional[int] = None
+    require_audit: Optional[list[Literal["crossing-identical", "crossing-near-duplicate", "crossing-group"]]] = None
 
     @model_validator(mode="after")
     def _one_labelled_policy(self) -> "DataConfig":
@@ -91,10 +96,10 @@ class DataConfig(StrictModel):
 
     @model_serializer(mode="wrap")
     def _omit_unset_labelled(self, handler: Any) -> dict[str, Any]:
-        """Dump without the ``labelled_*`` keys while unset (config hashes stay as they were)."""
+        """Dump without the ``labelled_*`` and ``require_audit`` keys while unset (config hashes stay as they were)."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("labelled_fraction", "labelled_ids", "labelled_seed"):
+            for key in ("labelled_fraction", "labelled_ids", "labelled_seed", "require_audit"):
                 if getattr(self, key) is None:
                     data.pop(key, None)
         return data

@@ -126,7 +126,8 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     (:func:`msb.data.verify.verify_files`; files that passed before and did not change are skipped).
 
     Raises:
-        MSBError: an empty train/selection split; a bad data file (naming the file, the bad value and its pixel
+        MSBError: an empty train/selection split; with ``data.require_audit``, a required audit check that fails
+            across the run's split (:class:`msb.errors.AuditFailed`, before any epoch); a bad data file (naming the file, the bad value and its pixel
             count); a diverged training (naming the epoch and step); a full or failing disk (naming the file and
             the free space; the last saved epoch is kept).
 
@@ -147,6 +148,11 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     for name, ids in (("train", train_ids), (cfg.checkpoint.selection_split, val_ids)):
         if not ids:
             raise MSBError(f"{run_dir / 'split.csv'}: split '{name}' is empty; change data.split fractions")
+    if cfg.data.require_audit:  # a clean audit across this run's split before any training (msb.audit.gate)
+        from msb.audit.gate import require_clean_audit
+
+        require_clean_audit(ds.root, run_dir / "split.csv", cfg.data.require_audit, study_dir(cfg) / "audits",
+                            log=lambda m: log(f"[{run.run_id}] {m}"))
     checked = verify_files(ds, None, cfg.data.cache_dir, track)
     if checked:
         log(f"[{run.run_id}] checked {checked} image/mask file(s) of '{ds.name}' at native resolution: OK")
