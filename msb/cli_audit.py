@@ -81,10 +81,14 @@ def _print_result(res) -> None:
         table.add_row(*[str(v) for v in row])
     console.print(table)
     if r.counterparts is not None and len(r.counterparts):
-        ct = Table(title=f"counterparts of evaluation rows ({r.params['counterparts']['rule_text']})")
-        for col in r.counterparts.columns:
-            ct.add_column(str(col), justify="left" if col in ("rule", "relation") else "right")
-        for row in r.counterparts.itertuples(index=False):
+        from msb.audit.counterparts import rule_summary
+
+        cs = rule_summary(r.counterparts)
+        ct = Table(title=f"counterparts of evaluation rows (first · any of denominator; "
+                         f"reference side '{r.params['counterparts']['reference_side']}'; counterparts.csv)")
+        for col in cs.columns:
+            ct.add_column(str(col), justify="left" if col.startswith("relation") else "right")
+        for row in cs.itertuples(index=False):
             ct.add_row(*[str(v) for v in row])
         console.print(ct)
     if r.params["n_unassigned_rows"]:

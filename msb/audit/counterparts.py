@@ -131,4 +131,29 @@ def rule_comparison(table: pd.DataFrame, quantity: str = "eval_rows") -> pd.Data
     return out
 
 
-__all__ = ["counterpart_table", "rule_comparison", "rule_text", "ORDER", "RULES", "COLUMNS"]
+_SHORT = {"eval_rows": "evaluation rows", "counterpart_pairs": "row pairs", "training_rows": "training rows",
+          "eval_sources": "sources"}
+
+
+def rule_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Compact view for the console and the HTML report: one row per relation, one column per quantity, cells
+    ``"first · any of denominator"`` (``"n of denominator"`` with one rule), e.g. ``"41 · 66 of 66"``.
+
+    Columns: ``relation`` and the quantities' short names (``evaluation rows``, ``row pairs``, ``training rows``,
+    ``sources``); the header of the first column names the rules shown.
+    """
+    rules = [r for r in RULES if r in set(table["rule"])]
+    out = []
+    for rel in dict.fromkeys(table["relation"]):
+        row = {"relation": rel}
+        for q, name in _SHORT.items():
+            t = table[(table["relation"] == rel) & (table["quantity"] == q)].set_index("rule")
+            if not len(t):
+                continue
+            counts = " · ".join(str(int(t.loc[r, "count"])) for r in rules)
+            row[name] = f"{counts} of {int(t['denominator'].iat[0])}"
+        out.append(row)
+    return pd.DataFrame(out).rename(columns={"relation": f"relation ({' · '.join(rules)})"})
+
+
+__all__ = ["counterpart_table", "rule_comparison", "rule_summary", "rule_text", "ORDER", "RULES", "COLUMNS"]

@@ -36,6 +36,7 @@ from jinja2 import Environment
 from PIL import Image
 
 from msb.audit.core import AuditResult
+from msb.audit.counterparts import rule_summary
 from msb.utils.atomic import atomic_path, atomic_write_text
 
 _SHEET = Environment(autoescape=True).from_string("""<!DOCTYPE html>
@@ -127,7 +128,7 @@ def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 16
     cp = getattr(result, "counterparts", None)
     return _SHEET.render(title=title, params=result.params, census=result.census.to_dict("records"), pairs=items,
                          shown=len(items), total=len(result.pairs), px=px, verdict=result_verdict(result),
-                         counterparts=cp.to_dict("records") if cp is not None and len(cp) else [])
+                         counterparts=rule_summary(cp).to_dict("records") if cp is not None and len(cp) else [])
 
 
 def result_verdict(result: AuditResult) -> dict:

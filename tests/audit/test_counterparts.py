@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from msb.audit.candidates import candidate_pairs, prefilter_recall
-from msb.audit.counterparts import counterpart_table, rule_comparison
+from msb.audit.counterparts import counterpart_table, rule_comparison, rule_summary
 from msb.audit.screens import ncc_all_pairs, ncc_pairs
 
 SIDE = np.array(["train", "train", "train", "test", "test", "val", "val", ""])
@@ -65,6 +65,9 @@ def test_first_vs_any_hand_computed() -> None:
     assert list(den["unit"]) == ["rows", "row pairs", "rows", "sources"]
     wide = rule_comparison(t, "counterpart_pairs").set_index("relation")
     assert (wide.loc["all", "first"], wide.loc["all", "any"], wide.loc["all", "denominator"]) == (3, 6, 12)
+    summ = rule_summary(t).set_index("relation (first · any)")
+    assert summ.loc["all", "evaluation rows"] == "3 · 3 of 4" and summ.loc["all", "row pairs"] == "3 · 6 of 12"
+    assert summ.loc["near_duplicate", "training rows"] == "1 · 3 of 3"
     only_first = counterpart_table(REL, SIDE, GROUP, "train", rules=("first",))
     assert set(only_first["rule"]) == {"first"} and len(only_first) == 5 * 4
 

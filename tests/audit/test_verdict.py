@@ -42,7 +42,8 @@ def test_crossing_identical_fails_with_exit_3(planted: Path, tmp_path: Path) -> 
     assert (by["crossing-group"]["crossing_rows"], by["crossing-group"]["rows_with_side"]) == (2, 12)
     # the whole report is still written, and the HTML opens with the verdict, before the census
     html = (out / "contact_sheet.html").read_text()
-    assert html.index("audit verdict: FAIL") < html.index("<h2>Summary</h2>") < html.index("<h2>Census")
+    assert html.index("audit verdict: FAIL") < html.index("<h2>Summary</h2>") < html.index("<h2>Counterparts") \
+        < html.index("<h2>Census")
 
 
 def test_crossing_group_and_comma_list(planted: Path, tmp_path: Path) -> None:
