@@ -23,6 +23,8 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
           candidates: str = typer.Option("auto", help="Candidate pairs: all (NCC of every pair: stated recall) | "
                                                       "hash (pHash/dHash prefilter) | auto (all up to 20,000 "
                                                       "rows, hash above)."),
+          recall_sample: int = typer.Option(1000, help="With hash candidates: measure their recall by comparing "
+                                                       "this many random rows with every row by NCC (0: off)."),
           counterpart: str = typer.Option("both", help="Counterpart rule for evaluation rows: first (identical > "
                                                        "near-duplicate > same-group, the first that matches) | "
                                                        "any | both."),
@@ -54,7 +56,7 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
 
     cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
                       ssim_min=ssim_min, workers=workers, candidates=candidates, counterpart=counterpart,
-                      group_pattern=group_pattern)
+                      group_pattern=group_pattern, recall_sample=recall_sample)
     res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
                         apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
                         max_sheet_pairs=max_sheet_pairs, fail_on=fail_on or (), progress=track)
@@ -95,4 +97,11 @@ def _print_result(res) -> None:
         log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
             f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
     log(f"candidates: {r.params['candidate_rule']}; {r.params['seconds']['total']} s")
+    rec = r.params.get("prefilter_recall")
+    if rec and rec["n_reference_pairs"]:
+        k = r.params["config"]["hamming_k"]
+        v = rec["by_k"][str(k)] if str(k) in rec["by_k"] else rec["by_k"][k]
+        ci = f" (95 % CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})" if "ci95" in v else ""
+        log(f"hash prefilter recall at k = {k}: {v['found']} of {rec['n_reference_pairs']} = {v['recall']:.1%}{ci}; "
+            f"reference: {rec['reference']}")
     log(f"audit written to {res.written[0].parent} ({', '.join(p.name for p in res.written)})")

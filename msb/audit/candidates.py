@@ -12,7 +12,11 @@ Two generators (``msb audit --candidates``):
 
 With ``all``, :func:`prefilter_recall` states how many of the confirmed (non-identical-bytes) pairs the hash
 prefilter would have found at several ``k``: the number to read before choosing ``hash`` (and ``--hamming-k``)
-on a larger set of the same kind.
+on a larger set of the same kind. With ``hash``, :func:`sampled_recall` measures the miss rate on the audited set
+itself: ``M`` rows drawn at random (seeded) are compared with *every* row by NCC (``M * N`` dot products); the
+pairs confirmed that way are the reference, and each is found when its hash distance is ``<= k``. A pair enters
+the sample with probability about ``2M / N`` whatever its distances, so the share found estimates the recall
+over all pairs; it comes with a 95 % Wilson interval (``statsmodels`` ``proportion_confint``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from typing import Sequence
 
 import numpy as np
 
-from msb.audit.screens import ncc_all_pairs
-from msb.audit.search import pairs_within
+from msb.audit.screens import ncc_all_pairs, ncc_pairs, ncc_query_pairs
+from msb.audit.search import hamming, pairs_within
 
 #: ``k`` values at which :func:`prefilter_recall` reports the hash prefilter's recall
 RECALL_KS = (4, 8, 12, 16, 20, 24)
@@ -102,4 +106,43 @@ def prefilter_recall(phash_distance: np.ndarray, dhash_distance: np.ndarray, ref
     return {"n_reference_pairs": r, "by_k": by_k}
 
 
-__all__ = ["Candidates", "candidate_pairs", "prefilter_recall", "RECALL_KS"]
+def sampled_recall(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, sha256: np.ndarray, k: int,
+                   ncc_min: float, n_sample: int, seed: int = 0, ks: Sequence[int] = RECALL_KS) -> dict:
+    """Measured recall of the hash prefilter on a random sample of query rows (module docstring).
+
+    Args:
+        phash, dhash: ``(N,)`` ``uint64``.
+        thumbs: ``(N, S, S)`` ``uint8``.
+        sha256: ``(N,)`` digests (byte-identical pairs are left out of the reference: every ``k`` finds them).
+        k: the audit's Hamming threshold (reported with ``ks``).
+        ncc_min: NCC threshold of the reference screen.
+        n_sample: query rows ``M`` (all rows when ``M >= N``).
+        seed: ``numpy.random.default_rng`` seed of the draw.
+
+    Returns:
+        :func:`prefilter_recall` output plus ``sample_rows``, ``seed`` and per ``k`` ``ci95`` (Wilson).
+    """
+    from statsmodels.stats.proportion import proportion_confint
+
+    n = len(phash)
+    m = min(int(n_sample), n)
+    q = np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)) if m < n else np.arange(n)
+    i, j = ncc_query_pairs(thumbs, q, ncc_min)
+    if len(i):
+        exact = ncc_pairs(thumbs, i, j) >= ncc_min
+        i, j = i[exact], j[exact]
+    sha = np.asarray(sha256, dtype=object)
+    ref = sha[i] != sha[j] if len(i) else np.zeros(0, bool)
+    out = prefilter_recall(hamming(phash[i], phash[j]), hamming(dhash[i], dhash[j]), ref, sorted({*ks, k}))
+    for v in out["by_k"].values():
+        lo, hi = proportion_confint(v["found"], out["n_reference_pairs"], method="wilson") \
+            if out["n_reference_pairs"] else (float("nan"), float("nan"))
+        v["ci95"] = [float(lo), float(hi)]
+    out.update({"sample_rows": m, "seed": seed,
+                "reference": (f"pairs with NCC >= {ncc_min} between {m} random rows (seed {seed}) and every row"
+                              if m < n else f"pairs with NCC >= {ncc_min}, every pair compared")
+                + ", byte-identical pairs left out"})
+    return out
+
+
+__all__ = ["Candidates", "candidate_pairs", "prefilter_recall", "sampled_recall", "RECALL_KS"]

@@ -31,7 +31,7 @@ import imagehash
 import numpy as np
 import pandas as pd
 
-from msb.audit.candidates import RECALL_KS, candidate_pairs, prefilter_recall
+from msb.audit.candidates import RECALL_KS, candidate_pairs, prefilter_recall, sampled_recall
 from msb.audit.census import census_table
 from msb.audit.counterparts import counterpart_table
 from msb.audit.counterparts import rule_text as counterpart_rule_text
@@ -64,6 +64,8 @@ class AuditConfig:
             prefilter only) or ``auto`` (``all`` up to ``all_pairs_max_rows`` rows, ``hash`` above).
         all_pairs_max_rows: the ``auto`` limit.
         counterpart: counterpart rule(s) reported (:mod:`msb.audit.counterparts`): ``first``, ``any`` or ``both``.
+        recall_sample: with the ``hash`` generator, rows compared with every row by NCC to measure its recall
+            (:func:`msb.audit.candidates.sampled_recall`; 0 = off).
         group_pattern: regular expression searched in the image file name (``Path(image_path).name``); its first
             capture group is the row's source/video id, used instead of the ``group`` column.
     """
@@ -79,6 +81,7 @@ class AuditConfig:
     all_pairs_max_rows: int = ALL_PAIRS_MAX_ROWS
     counterpart: str = "both"
     group_pattern: str | None = None
+    recall_sample: int = 1000
 
     def validate(self) -> None:
         """Raise :class:`MSBError` for out-of-range values (naming the option)."""
@@ -94,6 +97,8 @@ class AuditConfig:
             raise MSBError(f"--workers must be an integer >= 1, got {self.workers!r}.")
         if self.candidates not in ("auto", "all", "hash"):
             raise MSBError(f"--candidates must be auto, all or hash, got {self.candidates!r}.")
+        if isinstance(self.recall_sample, bool) or not isinstance(self.recall_sample, int) or self.recall_sample < 0:
+            raise MSBError(f"--recall-sample must be an integer >= 0 (rows; 0 = off), got {self.recall_sample!r}.")
         if self.counterpart not in ("first", "any", "both"):
             raise MSBError(f"--counterpart must be first, any or both, got {self.counterpart!r}.")
         if self.candidates == "all" and not self.ncc_screen:
@@ -304,11 +309,16 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
     rules = ("first", "any") if cfg.counterpart == "both" else (cfg.counterpart,)
     counterparts = counterpart_table(relations, side, rows["group"].to_numpy().astype(str), reference, rules)
     recall = None
+    t_recall = time.perf_counter()
     if generator == "all":
         recall = prefilter_recall(pairs["phash_distance"].to_numpy(), pairs["dhash_distance"].to_numpy(),
                                   confirmed & ~same_bytes, sorted({*RECALL_KS, k}))
         recall["reference"] = (f"pairs confirmed with every pair compared ({_confirmation_rule(cfg)}), "
                                f"byte-identical pairs left out (every k finds them)")
+    elif cfg.ncc_screen and cfg.recall_sample > 0:
+        recall = sampled_recall(table.phash, table.dhash, table.thumbs, table.sha256, k, float(cfg.ncc_min),
+                                cfg.recall_sample)
+    t_recall = time.perf_counter() - t_recall
     params = {
         "boundary": boundary, "datasets": datasets, "split_file": str(split_file) if split_file else None,
         "n_rows": n, "n_unassigned_rows": int((side == "").sum()),
@@ -329,7 +339,7 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
         "versions": {"imagehash": imagehash.__version__, "numpy": np.__version__,
                      "popcount": "np.bitwise_count" if HAS_BITWISE_COUNT else "byte lookup table"},
         "seconds": {"fingerprinting": round(t_hash, 3), "search": round(t_search, 3),
-                    "screens": round(t_screen, 3), "total": round(time.perf_counter() - t0, 3)},
+                    "screens": round(t_screen, 3), "recall": round(t_recall, 3), "total": round(time.perf_counter() - t0, 3)},
     }
     return AuditResult(rows=rows, pairs=pairs, census=census, params=params, boundary=boundary, datasets=datasets,
                        counterparts=counterparts)

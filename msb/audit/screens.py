@@ -92,6 +92,42 @@ def ncc_all_pairs(thumbs: np.ndarray, threshold: float, block: int = 1024, margi
     return i[o], j[o]
 
 
+def ncc_query_pairs(thumbs: np.ndarray, queries: np.ndarray, threshold: float, block: int = 512,
+                    margin: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``(q, j)``, ``q`` in ``queries``, ``j`` any other row, with NCC ``>= threshold - margin``.
+
+    Same arithmetic as :func:`ncc_all_pairs` (unit-norm centred ``float32`` rows, dot products), but only the
+    query rows against all ``N`` rows: ``len(queries) * N`` dot products.
+
+    Args:
+        thumbs: ``(N, S, S)`` ``uint8``.
+        queries: ``(M,)`` distinct row indices.
+        threshold, block, margin: as :func:`ncc_all_pairs`.
+
+    Returns:
+        ``(i, j)``: ``int64``, ``i < j``, unique, sorted (a pair of two query rows appears once).
+    """
+    n = len(thumbs)
+    flat = thumbs.reshape(n, -1).astype(np.float32)
+    flat -= flat.mean(axis=1, keepdims=True)
+    norm = np.sqrt((flat.astype(np.float64) ** 2).sum(axis=1))
+    ok = norm > 0
+    flat[ok] /= norm[ok, None].astype(np.float32)
+    flat[~ok] = 0.0
+    q = np.asarray(queries, dtype=np.int64)
+    codes = []
+    cut = np.float32(threshold - margin)
+    for s in range(0, len(q), block):
+        qb = q[s:s + block]
+        r, c = np.nonzero(flat[qb] @ flat.T >= cut)
+        a = qb[r]
+        keep = (a != c) & ok[a] & ok[c]
+        a, c = a[keep], c[keep]
+        codes.append(np.minimum(a, c) * n + np.maximum(a, c))
+    code = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
+    return (code // n).astype(np.int64), (code % n).astype(np.int64)
+
+
 def ssim_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
     """Mean SSIM of thumbnail pairs ``(i[t], j[t])`` (skimage, parameters :data:`SSIM_PARAMS`).
 
@@ -102,4 +138,4 @@ def ssim_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
                     dtype=np.float64)
 
 
-__all__ = ["ncc_pairs", "ncc_all_pairs", "ssim_pairs", "screen_description", "SSIM_PARAMS"]
+__all__ = ["ncc_pairs", "ncc_all_pairs", "ncc_query_pairs", "ssim_pairs", "screen_description", "SSIM_PARAMS"]

@@ -26,13 +26,14 @@ Denominators: 4 evaluation rows (3-6), 3 training rows, 12 row pairs, 4 sources 
 from __future__ import annotations
 
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from msb.audit.candidates import candidate_pairs, prefilter_recall
+from msb.audit.candidates import candidate_pairs, prefilter_recall, sampled_recall
 from msb.audit.counterparts import counterpart_table, rule_comparison, rule_summary
-from msb.audit.screens import ncc_all_pairs, ncc_pairs
+from msb.audit.screens import ncc_all_pairs, ncc_pairs, ncc_query_pairs
 
 SIDE = np.array(["train", "train", "train", "test", "test", "val", "val", ""])
 REL = {"identical_bytes": np.array(["I1", "I2", "I3", "I1", "I4", "I5", "I6", "I1"]),
@@ -128,3 +129,40 @@ def test_prefilter_recall_counts() -> None:
     assert r["n_reference_pairs"] == 4
     assert {k: v["found"] for k, v in r["by_k"].items()} == {8: 1, 12: 3, 16: 3}
     assert r["by_k"][12]["recall"] == pytest.approx(0.75)
+
+
+def test_query_pairs_equal_naive_corrcoef_of_the_query_rows() -> None:
+    th = thumbs_with_copies()
+    queries = np.array([0, 3, 9, 10, 17])
+    want = set()
+    for q in queries:
+        for j in range(len(th)):
+            a, b = th[q].ravel().astype(float), th[j].ravel().astype(float)
+            if j != q and a.std() > 0 and b.std() > 0 and np.corrcoef(a, b)[0, 1] >= 0.6:
+                want.add((min(q, j), max(q, j)))
+    i, j = ncc_query_pairs(th, queries, 0.6, block=2)
+    got = set(zip(i.tolist(), j.tolist()))
+    assert want <= got and len(got) == len(i)  # each pair once, also (8, 10) reached from query 10 only
+    exact = ncc_pairs(th, i, j)
+    assert {p for p, v in zip(zip(i.tolist(), j.tolist()), exact) if v >= 0.6} == want
+
+
+def test_sampled_recall_with_every_row_equals_the_all_pairs_recall(planted: Path) -> None:
+    from msb.audit.core import AuditConfig, run_audit
+
+    every = run_audit(planted, config=AuditConfig(candidates="all"))
+    sampled = run_audit(planted, config=AuditConfig(candidates="hash", recall_sample=10_000))
+    a, s = every.params["prefilter_recall"], sampled.params["prefilter_recall"]
+    # reference: {b, b_small} and {c, c_shift}; {a, copy_a} and {d, d_dup} are byte-identical (left out)
+    assert s["sample_rows"] == 12 and s["n_reference_pairs"] == a["n_reference_pairs"] == 2
+    assert {k: v["found"] for k, v in s["by_k"].items()} == {k: v["found"] for k, v in a["by_k"].items()}
+    lo, hi = s["by_k"][8]["ci95"]
+    z, n = 1.959964, 2  # Wilson score interval of 2 of 2 by its formula: (p + z^2/2n -+ z sqrt(...)) / (1 + z^2/n)
+    want_lo = (1 + z * z / (2 * n) - z * np.sqrt(z * z / (4 * n * n))) / (1 + z * z / n)
+    assert s["by_k"][8]["found"] == 2 and lo == pytest.approx(want_lo, abs=1e-5) and hi == pytest.approx(1.0)
+    off = run_audit(planted, config=AuditConfig(candidates="hash", recall_sample=0))
+    assert off.params["prefilter_recall"] is None
+    few = sampled_recall(every.rows["phash"].map(lambda h: int(h, 16)).to_numpy(np.uint64),
+                         every.rows["dhash"].map(lambda h: int(h, 16)).to_numpy(np.uint64),
+                         np.zeros((12, 8, 8), np.uint8), every.rows["sha256"].to_numpy(), 8, 0.95, 4)
+    assert few["sample_rows"] == 4 and few["n_reference_pairs"] == 0  # constant thumbnails: no NCC, no reference
