@@ -70,12 +70,7 @@ def ncc_all_pairs(thumbs: np.ndarray, threshold: float, block: int = 1024, margi
         ``(i, j)``: ``int64`` arrays, ``i < j``, sorted by ``i`` then ``j``.
     """
     n = len(thumbs)
-    flat = thumbs.reshape(n, -1).astype(np.float32)
-    flat -= flat.mean(axis=1, keepdims=True)
-    norm = np.sqrt((flat.astype(np.float64) ** 2).sum(axis=1))
-    ok = norm > 0
-    flat[ok] /= norm[ok, None].astype(np.float32)
-    flat[~ok] = 0.0
+    flat, ok = _unit_rows(thumbs)
     ii, jj = [], []
     cut = np.float32(threshold - margin)
     for s in range(0, n, block):
@@ -92,38 +87,46 @@ def ncc_all_pairs(thumbs: np.ndarray, threshold: float, block: int = 1024, margi
     return i[o], j[o]
 
 
-def ncc_query_pairs(thumbs: np.ndarray, queries: np.ndarray, threshold: float, block: int = 512,
-                    margin: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair ``(q, j)``, ``q`` in ``queries``, ``j`` any other row, with NCC ``>= threshold - margin``.
-
-    Same arithmetic as :func:`ncc_all_pairs` (unit-norm centred ``float32`` rows, dot products), but only the
-    query rows against all ``N`` rows: ``len(queries) * N`` dot products.
-
-    Args:
-        thumbs: ``(N, S, S)`` ``uint8``.
-        queries: ``(M,)`` distinct row indices.
-        threshold, block, margin: as :func:`ncc_all_pairs`.
-
-    Returns:
-        ``(i, j)``: ``int64``, ``i < j``, unique, sorted (a pair of two query rows appears once).
-    """
-    n = len(thumbs)
-    flat = thumbs.reshape(n, -1).astype(np.float32)
+def _unit_rows(thumbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Centred, unit-norm ``float32`` rows of ``(n, S, S)`` thumbnails and the mask of non-constant ones."""
+    flat = thumbs.reshape(len(thumbs), -1).astype(np.float32)
     flat -= flat.mean(axis=1, keepdims=True)
     norm = np.sqrt((flat.astype(np.float64) ** 2).sum(axis=1))
     ok = norm > 0
     flat[ok] /= norm[ok, None].astype(np.float32)
     flat[~ok] = 0.0
+    return flat, ok
+
+
+def ncc_query_pairs(thumbs: np.ndarray, queries: np.ndarray, threshold: float, block: int = 8192,
+                    margin: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair ``(q, j)``, ``q`` in ``queries``, ``j`` any other row, with NCC ``>= threshold - margin``.
+
+    Same arithmetic as :func:`ncc_all_pairs` (unit-norm centred ``float32`` rows, dot products), but only the
+    query rows against all ``N`` rows (``len(queries) * N`` dot products), the ``N`` rows normalised ``block``
+    at a time (memory ``(M + block) * S*S * 4`` bytes plus ``M * block * 4``; no ``float32`` copy of all rows).
+
+    Args:
+        thumbs: ``(N, S, S)`` ``uint8``.
+        queries: ``(M,)`` distinct row indices.
+        threshold, margin: as :func:`ncc_all_pairs`.
+        block: target rows per matrix product.
+
+    Returns:
+        ``(i, j)``: ``int64``, ``i < j``, unique, sorted (a pair of two query rows appears once).
+    """
+    n = len(thumbs)
     q = np.asarray(queries, dtype=np.int64)
+    qz, qok = _unit_rows(thumbs[q])
     codes = []
     cut = np.float32(threshold - margin)
-    for s in range(0, len(q), block):
-        qb = q[s:s + block]
-        r, c = np.nonzero(flat[qb] @ flat.T >= cut)
-        a = qb[r]
-        keep = (a != c) & ok[a] & ok[c]
-        a, c = a[keep], c[keep]
-        codes.append(np.minimum(a, c) * n + np.maximum(a, c))
+    for s in range(0, n, block):
+        tz, tok = _unit_rows(thumbs[s:s + block])
+        r, c = np.nonzero(qz @ tz.T >= cut)
+        a, t = q[r], c + s
+        keep = (a != t) & qok[r] & tok[c]
+        a, t = a[keep], t[keep]
+        codes.append(np.minimum(a, t) * n + np.maximum(a, t))
     code = np.unique(np.concatenate(codes)) if codes else np.zeros(0, np.int64)
     return (code // n).astype(np.int64), (code % n).astype(np.int64)
 
