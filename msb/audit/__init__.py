@@ -1,7 +1,7 @@
 """Duplicate and leakage audit of prepared datasets (``msb audit``).
 
 Stage contract: reads prepared datasets (``index.csv`` + image files, :mod:`msb.data.schema`) and optionally a
-split file; writes an audit folder (CSV, XLSX, HTML contact sheet, ``audit.json``) and, on request, a curated
+split file; writes an audit folder (CSV, XLSX, HTML contact sheet, ``audit.json``, ``verdict.json``) and, on request, a curated
 dataset folder whose ``index.csv`` points at the original files. It never modifies or deletes dataset files and
 never imports training code.
 
@@ -12,7 +12,14 @@ Modules:
 * :mod:`msb.audit.search`: vectorised Hamming search over packed hashes, exact-value groups, connected
   components (union-find equivalent, via scipy);
 * :mod:`msb.audit.screens`: normalised cross-correlation and SSIM of candidate pairs at a stated resolution;
+  all-pairs NCC (every pair, vectorised) and NCC of sampled query rows against every row;
+* :mod:`msb.audit.candidates`: candidate generators (``hash`` prefilter, ``all`` pairs) and the prefilter's
+  measured recall;
+* :mod:`msb.audit.sources`: source/video ids from file names (``--group-pattern``);
 * :mod:`msb.audit.census`: cross-boundary census with counting units and denominators;
+* :mod:`msb.audit.counterparts`: counterpart rules ``first`` / ``any`` for evaluation rows;
+* :mod:`msb.audit.verdict`: ``--fail-on`` checks, the verdict and its one-line summary (exit 3);
+* :mod:`msb.audit.gate`: ``data.require_audit``: audit a run's split (cached by digest), refuse to train;
 * :mod:`msb.audit.core`: :func:`run_audit` (orchestration) and :class:`AuditConfig`;
 * :mod:`msb.audit.report`: CSV / XLSX / HTML writers;
 * :mod:`msb.audit.curate`: decisions file -> curated ``index.csv``; audit clusters -> ``group``.
