@@ -61,6 +61,9 @@ def audit_dataset(dataset: str | Path, *, against: str | Path | None = None, out
     if against is not None and (apply is not None or apply_clusters):
         raise MSBError("--apply/--apply-clusters curate one dataset; run them without --against.")
     if apply is not None and not apply_clusters:
+        if parse_checks(fail_on):
+            raise MSBError("--fail-on judges an audit, and --apply alone runs none; add --apply-clusters or audit "
+                           "the curated folder afterwards.")
         return AuditOutcome(curation=apply_decisions(dataset, apply, curated_out, overwrite=overwrite))
     checks = parse_checks(fail_on)  # unknown names fail before the audit runs
     if against is not None and "crossing-group" in checks:

@@ -95,6 +95,8 @@ def test_bad_checks_fail_before_anything_is_written(planted: Path, tmp_path: Pat
     assert "crossing-identical, crossing-near-duplicate, crossing-group" in str(r.exception)
     r = run(str(planted), "--out", str(tmp_path / "b"), "--against", str(planted), "--fail-on", "crossing-group")
     assert isinstance(r.exception, MSBError) and "groups are only audited across the splits" in str(r.exception)
+    r = run(str(planted), "--apply", str(tmp_path / "d.csv"), "--fail-on", "crossing-identical")
+    assert isinstance(r.exception, MSBError) and "--apply alone runs none" in str(r.exception)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
