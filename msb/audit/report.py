@@ -69,7 +69,8 @@ td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
 {% for r in counterparts %}<tr>{% for v in r.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endif %}
 <p>Boundary: <b>{{ params.boundary }}</b>. Rows: {{ params.n_rows }} ({{ params.n_unassigned_rows }} without a side).
 Candidate rule: {{ params.candidate_rule }}. Confirmation: {{ params.confirmation_rule }}.
-{% if params.screens %}Screens: {{ params.screens }}.{% endif %}</p>
+{% if params.screens %}Screens: {{ params.screens }}.{% endif %}
+{% if recall %}Hash prefilter recall: {{ recall }}.{% endif %}</p>
 <h2>Census (every relation, quantity and side)</h2>
 <table><tr><th>relation</th><th>quantity</th><th>scope</th><th>count</th><th>unit</th><th>of</th><th>denominator unit</th></tr>
 {% for r in census %}<tr><td>{{ r.relation }}</td><td>{{ r.quantity }}</td><td>{{ r.scope }}</td><td>{{ r.count }}</td>
@@ -128,7 +129,18 @@ def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 16
     cp = getattr(result, "counterparts", None)
     return _SHEET.render(title=title, params=result.params, census=result.census.to_dict("records"), pairs=items,
                          shown=len(items), total=len(result.pairs), px=px, verdict=result_verdict(result),
-                         counterparts=rule_summary(cp).to_dict("records") if cp is not None and len(cp) else [])
+                         counterparts=rule_summary(cp).to_dict("records") if cp is not None and len(cp) else [],
+                         recall=recall_text(result.params))
+
+
+def recall_text(params: dict) -> str:
+    """``"k = 8: 81 of 129 (62.8 %), k = 12: ..."`` from ``params["prefilter_recall"]`` (``""`` when absent)."""
+    rec = params.get("prefilter_recall")
+    if not rec or not rec.get("n_reference_pairs"):
+        return ""
+    parts = [f"k = {k}: {v['found']} of {rec['n_reference_pairs']} ({100 * v['recall']:.1f} %)"
+             for k, v in rec["by_k"].items()]
+    return ", ".join(parts) + f" (reference: {rec['reference']})"
 
 
 def result_verdict(result: AuditResult) -> dict:
@@ -196,4 +208,4 @@ def write_audit(result: AuditResult, out_dir: str | Path, max_sheet_pairs: int =
     return written
 
 
-__all__ = ["write_audit", "render_contact_sheet", "all_clusters", "result_verdict"]
+__all__ = ["write_audit", "render_contact_sheet", "all_clusters", "result_verdict", "recall_text"]

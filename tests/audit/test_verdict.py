@@ -42,6 +42,7 @@ def test_crossing_identical_fails_with_exit_3(planted: Path, tmp_path: Path) -> 
     assert (by["crossing-group"]["crossing_rows"], by["crossing-group"]["rows_with_side"]) == (2, 12)
     # the whole report is still written, and the HTML opens with the verdict, before the census
     html = (out / "contact_sheet.html").read_text()
+    assert "Hash prefilter recall: k = 4: 2 of 2 (100.0 %)" in html  # {b, b_small}, {c, c_shift} (not bytes)
     assert html.index("audit verdict: FAIL") < html.index("<h2>Summary</h2>") < html.index("<h2>Counterparts") \
         < html.index("<h2>Census")
 
