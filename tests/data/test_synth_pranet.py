@@ -32,8 +32,8 @@ def test_raw_layout_has_the_pranet_folders_and_binary_masks(tmp_path: Path) -> N
 
 
 def test_seen_pool_and_one_unseen_set(tmp_path: Path) -> None:
-    prepare_dataset("synthetic-pranet", None, tmp_path / "seen", n_train=5, n_test=3, test_sets=["Kvasir", "CVC-ClinicDB"],
-                    val_fraction=0.2)
+    prepare_dataset("synthetic-pranet", None, tmp_path / "seen", n_train=5, n_test=3,
+                    test_sets=["Kvasir", "CVC-ClinicDB"], val_fraction=0.2)
     idx = pd.read_csv(tmp_path / "seen" / "index.csv", keep_default_na=False)
     by = idx.groupby(["split", "source"]).size().to_dict()
     assert by[("test", "Kvasir")] == 3 and by[("test", "CVC-ClinicDB")] == 3
