@@ -62,13 +62,14 @@ def test_set_tables(counts: pd.DataFrame, metrics: pd.DataFrame | None, what: st
     rows (best checkpoint) of every test set; ``what`` names the table in a protocol refusal.
 
     A test set is one (dataset, split, evaluation kind) under one training split protocol
-    (``train_split_policy``): the test splits of different random-split seeds are different image sets, so with
-    ``allow_mixed_protocols`` each becomes its own test set, labelled ``<test set> [<policy>]``. Order: the
-    internal test split first, then the external sets by name."""
+    (``train_split_policy``): the test splits of different random-split seeds are different image sets, so each
+    becomes its own test set, labelled ``<test set> [<policy>]``; the seeds of one random-split protocol are one
+    protocol family and are accepted together, different families (``fixed`` beside ``random(...)``) are refused
+    unless ``allow_mixed_protocols``. Order: the internal test split first, then the external sets by name."""
     rows = evaluation_rows(counts, None)
     if rows.empty:
         raise AnalysisSkipped("no evaluated test set")
-    check_one_protocol(rows, what, allow_mixed_protocols)
+    check_one_protocol(rows, what, allow_mixed_protocols, family=True)  # one column/test set per policy below
     pcol = "train_split_policy" if "train_split_policy" in rows.columns else "split_policy"
     rows = rows.assign(_policy=rows[pcol].astype(str))
     n_pol = rows.groupby(["dataset", "split", "eval_kind"])["_policy"].nunique()

@@ -74,7 +74,7 @@ def test_p1_splits_a_multi_source_test_split_into_one_group_per_source():
     assert t.loc["a (32)", "colon Dice"] == pytest.approx(6 / 8) and t.loc["b (32)", "colon Rec"] == pytest.approx(0.25)
 
 
-def test_wilcoxon_tests_each_random_split_seed_on_its_own_test_set():
+def test_each_random_split_seed_is_its_own_test_set_and_fixed_beside_random_is_refused():
     frames = []
     for seed in (0, 1):
         pol = f"random(seed={seed},val=0.1,test=0.2,group=group)"
@@ -84,12 +84,13 @@ def test_wilcoxon_tests_each_random_split_seed_on_its_own_test_set():
                    _rows(f"kv-b-{seed}2222222", "b", "kv", "test", pol, [1, 1, 1, 1, 1], [3, 3, 3, 3, 3],
                          [0, 0, 0, 0, 0], "K", ids)]
     counts = pd.concat(frames, ignore_index=True)
-    with pytest.raises(MSBError, match="different split protocols"):
-        polyp.test_set_tables(counts, None, "Wilcoxon tests")
-    sets = polyp.test_set_tables(counts, None, "Wilcoxon tests", allow_mixed_protocols=True)
+    sets = polyp.test_set_tables(counts, None, "Wilcoxon tests")  # one protocol family: accepted, one set per seed
     assert list(sets) == [f"kv [random(seed={s},val=0.1,test=0.2,group=group)]" for s in (0, 1)]
     tests = pairwise_tests(sets, n_boot=50)
     assert list(tests["n"]) == [5, 5] and (tests["mean_difference"] > 0).all()
+    fixed = _rows("kv-c-33333333", "c", "kv", "test", "fixed", [1], [0], [0], "K", ["z0"])
+    with pytest.raises(MSBError, match="different split protocols"):
+        polyp.test_set_tables(pd.concat([counts, fixed], ignore_index=True), None, "Wilcoxon tests")
 
 
 def test_report_blocks_of_systems_without_a_common_image_have_no_pairs():
