@@ -54,7 +54,7 @@ from msb.analysis.report_protocol import write_protocol_section
 from msb.analysis.summary import BlockTests, distance_unit
 from msb.analysis.populations import Population, compare_populations
 from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
-from msb.analysis.report_data import analyse_blocks, overlay_figure, overlay_subject, system_scores
+from msb.analysis.report_data import analyse_blocks, no_pairs_reason, overlay_figure, overlay_subject, system_scores
 from msb.analysis.report_doc import ReportDoc
 from msb.analysis.rules import BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS, foldwise_summary, unit_scores
 from msb.analysis.significance import POSTHOC_NAMES, friedman_test
@@ -288,7 +288,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         aligned = b.aligned
         labels = list(aligned)
         if len(labels) < 2:
-            doc.text("not applicable: only one system in this block, nothing to compare", "note")
+            doc.text(f"not applicable: {no_pairs_reason(b)}", "note")
             continue
         tab = paired_tests(aligned, ("dice", "hd95"))
         n_tests += int(tab["p_value"].notna().sum())

@@ -149,13 +149,35 @@ def analyse_blocks(blocks: dict[tuple[str, str], list[System]], metrics_df: pd.D
             tables[s.label] = t
         scores = system_scores(systems, tables, rules, metrics, n_boot, level, seed)
         boundary = boundary_scores(systems, tables, n_boot, level, seed)
-        aligned = align_tables(tables, "intersect") if len(tables) > 1 else dict(tables)
-        lost = {lab: tables[lab].n_images - aligned[lab].n_images for lab in tables}
+        aligned = _common_images(tables)
+        if not aligned:
+            notes.append(f"{key[0]}/{key[1]}: the systems share no image (e.g. different random splits, one per "
+                         f"seed): no paired analyses in this block")
+        lost = {lab: tables[lab].n_images - aligned[lab].n_images for lab in aligned}
         if any(lost.values()):
             notes.append(f"{key[0]}/{key[1]}: paired analyses use the {aligned[next(iter(aligned))].n_images} "
                          f"images common to all systems (dropped per system: {lost})")
         block_data[key] = BlockData(systems, tables, aligned, scores, boundary)
     return block_data
+
+
+def no_pairs_reason(block: "BlockData") -> str:
+    """Why a block has no paired analyses: one system only, or systems that share no image."""
+    if len(block.tables) < 2:
+        return "only one system in this block, nothing to compare"
+    return "the systems share no image (e.g. one random split per seed), nothing to pair"
+
+
+def _common_images(tables: dict[str, ImageTable]) -> dict[str, ImageTable]:
+    """:func:`align_tables` with ``intersect``; ``{}`` when several systems share no image at all."""
+    if len(tables) < 2:
+        return dict(tables)
+    try:
+        return align_tables(tables, "intersect")
+    except MSBError as e:
+        if "share no image" not in str(e):
+            raise
+        return {}
 
 
 def _pick_overlay_images(aligned: dict[str, ImageTable], k: int) -> list[int]:
@@ -206,8 +228,11 @@ def overlay_figure(aligned: dict[str, ImageTable], systems: dict[str, System], r
 
     Returns:
         ``(figure or None, image positions, reason)``: the figure is None when no cell has a stored
-        prediction (``reason`` says so); otherwise ``reason`` is None or why the background is grey.
+        prediction or ``aligned`` is empty (the systems share no image; ``reason`` says so); otherwise ``reason``
+        is None or why the background is grey.
     """
+    if not aligned:
+        return None, [], "the systems share no image"
     positions = _pick_overlay_images(aligned, k)
     labels = list(aligned)
     first = aligned[labels[0]]

@@ -12,7 +12,9 @@ from the run folder's ``config.yaml`` (``data.input_size``, ``random_seed``, ``d
 
 Added columns (not in counts files): ``eval_dir`` (the counts file's folder), ``eval_kind`` (``internal``:
 ``evaluation/<role>/``; ``external``: ``evaluation/external/<name>/<role>/``), ``is_ensemble`` (fold-ensemble
-rows, ``run_id`` ending in ``-ensemble``) and ``architecture`` (:func:`architecture_label`).
+rows, ``run_id`` ending in ``-ensemble``), ``architecture`` (:func:`architecture_label`) and
+``train_split_policy`` (:func:`training_policies`: the split protocol the row's model was trained under; an
+external set's ``external-only`` rows take their model's internal policy), which the protocol checks compare.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from msb.evaluation.counts import PROTOCOL_DEFAULTS
 from msb.utils.evaluation_folder import check_listed_digest
 
 __all__ = ["CONTEXT_DEFAULTS", "StudyArtifacts", "load_study", "with_context", "architecture_label",
-           "protocol_family", "split_seed", "check_one_protocol", "annotate_counts"]
+           "protocol_family", "split_seed", "check_one_protocol", "annotate_counts", "training_policies",
+           "EXTERNAL_ONLY"]
 
 #: The run-context columns and their "unknown" values.
 CONTEXT_DEFAULTS: dict[str, object] = dict(PROTOCOL_DEFAULTS)  # one definition: msb.evaluation.counts
@@ -42,6 +45,8 @@ _FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
 _HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _ENSEMBLE = re.compile(r"-ensemble\d*$")
 _SEED_PARAM = re.compile(r"(^|[(,;\s])seed=(-?\d+)")
+#: The ``split_policy`` of an external-set evaluation (msb.evaluation.protocol_context).
+EXTERNAL_ONLY = "external-only"
 
 
 @dataclass
@@ -107,17 +112,55 @@ def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, f
         allow_mixed: accept mixed protocols (``allow_mixed_protocols=True`` / ``--allow-mixed-protocols``).
         family: compare :func:`protocol_family` values (the seeds of one random-split protocol are one protocol).
 
+    The compared value is ``train_split_policy`` when present (:func:`training_policies`: an ``external-only``
+    row counts under the split protocol its model was trained with, so a model's internal test rows and its
+    external rows are one protocol), else ``split_policy``.
+
     Raises:
         MSBError: one line naming the split policies found.
     """
     if allow_mixed or "split_policy" not in df.columns or len(df) == 0:
         return
-    vals = df["split_policy"].astype(str)
+    vals = df["train_split_policy" if "train_split_policy" in df.columns else "split_policy"].astype(str)
     found = sorted(set(vals.map(protocol_family) if family else vals))
     if len(found) > 1:
         raise MSBError(f"{what}: rows come from different split protocols {found}; numbers from different "
                        f"protocols are not comparable in one column or ranking. Analyse one protocol at a time, "
                        f"or pass allow_mixed_protocols=True (CLI --allow-mixed-protocols) to mix them")
+
+
+def training_policies(counts: pd.DataFrame) -> pd.Series:
+    """The split protocol each row's model was trained under (column ``train_split_policy``).
+
+    An internal row keeps its ``split_policy``. An ``external-only`` row (an external set, docs/counts_schema.md)
+    takes the ``split_policy`` of the internal rows of the same ``run_id``; a fold ensemble (``<id>-ensemble``)
+    that of its member folds ``<id>-fold<j>`` (one value when they agree, else the sorted values joined by
+    ``|``); without internal rows of its model it stays ``external-only``.
+
+    Args:
+        counts: rows with ``run_id`` and ``split_policy``.
+
+    Returns:
+        A string Series aligned with ``counts``.
+    """
+    pol = counts["split_policy"].astype(str)
+    ext = pol == EXTERNAL_ONLY
+    if not ext.any():
+        return pol.copy()
+    internal = counts.loc[~ext, ["run_id", "split_policy"]].astype(str).drop_duplicates()
+    by_run = internal.groupby("run_id")["split_policy"].agg(lambda v: "|".join(sorted(set(v)))).to_dict()
+    lookup = {}
+    for rid in counts.loc[ext, "run_id"].astype(str).unique():
+        if rid in by_run:
+            lookup[rid] = by_run[rid]
+            continue
+        base = _ENSEMBLE.sub("", rid) if _ENSEMBLE.search(rid) else None
+        members = sorted({v for r, v in by_run.items() if base and _FOLD_TOKEN.sub("", r) == base
+                          and r != base}) if base else []
+        lookup[rid] = "|".join(members) if members else EXTERNAL_ONLY
+    out = pol.copy()
+    out[ext] = counts.loc[ext, "run_id"].astype(str).map(lookup)
+    return out
 
 
 def _run_folder(eval_dir: Path, study_dir: Path) -> Path | None:
@@ -207,6 +250,7 @@ def annotate_counts(df: pd.DataFrame, eval_kind: str = "internal", eval_dir: str
     out = with_context(df, config)
     out["eval_dir"] = str(eval_dir)
     out["eval_kind"] = eval_kind
+    out["train_split_policy"] = training_policies(out) if len(out) else out["split_policy"]
     return _add_labels(out, train_dataset or (str(out["dataset"].iloc[0]) if len(out) else ""))
 
 
@@ -283,6 +327,7 @@ def load_study(study_dir: str | Path, exclude: tuple[Path, ...] = ()) -> StudyAr
         raise MSBError(f"{study_dir}: no counts.parquet below it; run `msb run` or `msb evaluate` first")
     cache: dict = {}
     counts = pd.concat([_read_eval(f, study_dir, cache) for f in files], ignore_index=True)
+    counts["train_split_policy"] = training_policies(counts)  # across evaluations: external rows -> their model's
     notes: list[str] = []
     metrics = _read_metrics([f.parent for f in files], notes)
     try:

@@ -7,8 +7,9 @@ from the stored counts (per image, classes averaged; images with an undefined va
 image carries the diagonal penalty, docs/metrics.md). Systems are architectures x input sizes; fold runs are
 pooled as distinct image rows, fold ensembles are left out.
 
-* **P1** rows = models, column groups = test sets (internal test split and every external set), columns
-  Dice, Rec, HD95.
+* **P1** rows = models, column groups = test sets (internal test split and every external set; a split whose
+  images come from several sources, like the PraNet test split of Kvasir and CVC-ClinicDB, one group per
+  source: :func:`split_by_source`), columns Dice, Rec, HD95.
 * **P2** random-split replicates: per split seed (the ``seed=`` of ``split_policy``, else the training ``seed``)
   the mean Dice and HD95 of each model, then mean ± sample SD over seeds; ``flips`` says whether the model and
   the next one in the mean-Dice order swap places in some seed (and in which).
@@ -29,7 +30,7 @@ from msb.analysis.protocol.common import (AnalysisOutput, AnalysisSkipped, Paper
 from msb.analysis.protocol.inputs import check_one_protocol, protocol_family, split_seed
 from msb.analysis.rules import ImageTable
 
-__all__ = ["test_set_tables", "nsd_column", "p1_table", "p2_seeds", "p2_table", "p3_tables"]
+__all__ = ["test_set_tables", "split_by_source", "nsd_column", "p1_table", "p2_seeds", "p2_table", "p3_tables"]
 
 
 def nsd_column(metrics: pd.DataFrame | None) -> str | None:
@@ -58,15 +59,43 @@ def test_set_label(dataset: str, split: str, kind: str) -> str:
 def test_set_tables(counts: pd.DataFrame, metrics: pd.DataFrame | None, what: str,
                     allow_mixed_protocols: bool = False) -> dict[str, dict[tuple, ImageTable]]:
     """``{test set label: {(architecture, input_size): ImageTable with hd95/NSD attached}}`` of the non-ensemble
-    rows (best checkpoint) of every test set; ``what`` names the table in a protocol refusal."""
+    rows (best checkpoint) of every test set; ``what`` names the table in a protocol refusal.
+
+    A test set is one (dataset, split, evaluation kind) under one training split protocol
+    (``train_split_policy``): the test splits of different random-split seeds are different image sets, so each
+    becomes its own test set, labelled ``<test set> [<policy>]``; the seeds of one random-split protocol are one
+    protocol family and are accepted together, different families (``fixed`` beside ``random(...)``) are refused
+    unless ``allow_mixed_protocols``. Order: the internal test split first, then the external sets by name."""
     rows = evaluation_rows(counts, None)
     if rows.empty:
         raise AnalysisSkipped("no evaluated test set")
-    check_one_protocol(rows, what, allow_mixed_protocols)
+    check_one_protocol(rows, what, allow_mixed_protocols, family=True)  # one column/test set per policy below
+    pcol = "train_split_policy" if "train_split_policy" in rows.columns else "split_policy"
+    rows = rows.assign(_policy=rows[pcol].astype(str))
+    n_pol = rows.groupby(["dataset", "split", "eval_kind"])["_policy"].nunique()
     out = {}
-    for (ds, sp, kind), g in rows.groupby(["dataset", "split", "eval_kind"], sort=True):
-        out[test_set_label(ds, sp, kind)] = {k: _attach(t, metrics) for k, t in
-                                             system_tables(g, ("architecture", "input_size")).items()}
+    groups = sorted(rows.groupby(["dataset", "split", "eval_kind", "_policy"], sort=True),
+                    key=lambda kv: kv[0][2] != "internal")
+    for (ds, sp, kind, pol), g in groups:
+        label = test_set_label(ds, sp, kind) + (f" [{pol}]" if n_pol[(ds, sp, kind)] > 1 else "")
+        out[label] = {k: _attach(t, metrics) for k, t in system_tables(g, ("architecture", "input_size")).items()}
+    return out
+
+
+def split_by_source(sets: dict[str, dict[tuple, ImageTable]]) -> dict[str, dict[tuple, ImageTable]]:
+    """Each test set whose images come from several sources (``index.csv`` ``source``, e.g. the PraNet test split:
+    Kvasir, CVC-ClinicDB, ...) as one test set per source, labelled ``<source> (<test set>)``; test sets with one
+    source are kept as they are. Order: test sets as given, sources sorted."""
+    out: dict[str, dict[tuple, ImageTable]] = {}
+    for name, tabs in sets.items():
+        src = {k: (t.keys["source"].astype(str).to_numpy() if "source" in t.keys.columns
+                   else np.full(t.n_images, "")) for k, t in tabs.items()}
+        values = sorted({s for v in src.values() for s in v})
+        if len(values) < 2:
+            out[name] = tabs
+            continue
+        for s in values:
+            out[f"{s} ({name})"] = {k: t.subset(src[k] == s) for k, t in tabs.items() if (src[k] == s).any()}
     return out
 
 
@@ -94,7 +123,8 @@ def p1_table(sets: dict[str, dict[tuple, ImageTable]]) -> PaperTable:
         vals.append(v)
         disp.append(d)
     cap = ("P1: per test set, mean over images of Dice, recall (Rec) and HD95 (px, lower is better; "
-           "metrics.parquet, – when absent); best-checkpoint test rows, folds pooled")
+           "metrics.parquet, – when absent); best-checkpoint test rows, folds pooled; a test split holding several "
+           "sources (index.csv source) is one test set per source")
     return PaperTable("p1", pd.DataFrame(vals, columns=cols), pd.DataFrame(disp, columns=cols), cap)
 
 
@@ -188,7 +218,7 @@ def p3_tables(sets: dict[str, dict[tuple, ImageTable]], nsd: str | None) -> tupl
 def run_p1(art, options: dict) -> AnalysisOutput:
     """Registry entry of P1."""
     sets = test_set_tables(art.counts, art.metrics, "P1 table", options.get("allow_mixed_protocols", False))
-    return AnalysisOutput(tables=[p1_table(sets)])
+    return AnalysisOutput(tables=[p1_table(split_by_source(sets))])
 
 
 def run_p2(art, options: dict) -> AnalysisOutput:

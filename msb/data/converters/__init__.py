@@ -9,7 +9,8 @@ rename it onto ``out`` only after the result has been validated with
 dataset is ever left behind. An existing non-empty ``out`` is only replaced with ``overwrite=True``.
 
 Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder`), ``synthetic``
-(:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``pranet`` (:mod:`.pranet`),
+(:func:`msb.data.synth.make_synthetic_dataset`, ``source`` ignored), ``synthetic-pranet`` (a tiny generated
+PraNet-layout collection through the ``pranet`` converter, :mod:`msb.data.synth_pranet`), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
 ``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
 (:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
@@ -35,6 +36,13 @@ def _synthetic(source: str | os.PathLike | None, out: str | os.PathLike, **optio
     return make_synthetic_dataset(out, **options)
 
 
+def _synthetic_pranet(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any) -> ConversionReport:
+    """Converter wrapper for :func:`msb.data.synth_pranet.convert_synthetic_pranet` (``source`` is ignored)."""
+    from msb.data.synth_pranet import convert_synthetic_pranet
+
+    return convert_synthetic_pranet(source, out, **options)
+
+
 def _normalise(name: str) -> str:
     return str(name).strip().lower().replace("_", "-")
 
@@ -45,6 +53,11 @@ def _options_of(fn: Callable[..., Any]) -> list[str]:
 
         fn = make_synthetic_dataset
         skip = {"out"}
+    elif fn is _synthetic_pranet:
+        from msb.data.synth_pranet import convert_synthetic_pranet
+
+        fn = convert_synthetic_pranet
+        skip = {"source", "out"}
     else:
         skip = {"source", "out"}
     sig = inspect.signature(fn)
@@ -77,7 +90,7 @@ def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.P
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise MSBError(f"unknown option(s) {unknown} for converter {key!r}; valid options: {', '.join(valid)}.")
-    if key != "synthetic" and source is None:
+    if key not in ("synthetic", "synthetic-pranet") and source is None:
         raise MSBError(f"converter {key!r} needs a source folder (--source DIR).")
     return fn(source, out, **options)
 
@@ -97,6 +110,7 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "kvasir-seg": convert_kvasir_seg,
     "folder": convert_folder,
     "synthetic": _synthetic,
+    "synthetic-pranet": _synthetic_pranet,
     "pranet": convert_pranet,
     "cvc-clinicdb": convert_cvc_clinicdb,
     "isic2018-task1": convert_isic2018_task1,

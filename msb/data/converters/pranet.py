@@ -27,6 +27,9 @@ What the converter writes:
   (``threshold``; ``gt > 128`` is the PraNet evaluation toolbox's rule) and written as PNG ``{0, 255}``;
   ``n_changed_mask_pixels`` counts pixels whose value was changed (anti-aliased or JPEG-noise values).
   Colour masks are reduced to their rounded channel mean first (counted in the notes);
+* ``test_sets`` keeps only the named ``TestDataset`` sub-folders (e.g. ``[Kvasir, CVC-ClinicDB]``: the PraNet
+  "seen" pool, whose unseen sets CVC-ColonDB / ETIS / CVC-300 then come in as external sets); ``train: false``
+  drops ``TrainDataset`` (a test-only prepared dataset, e.g. one unseen set as an external set);
 * ``val_fraction`` (default 0.1) moves a seeded, group-aware share of ``TrainDataset`` to ``val`` so that
   ``split.mode: fixed`` works without selecting on a test set; ``val_fraction=0`` keeps the official two-way
   split;
@@ -74,6 +77,21 @@ def _layout(source: Path) -> tuple[Path | None, Path | None]:
     return train, test
 
 
+def _check_test_sets(test_sets, test_dir: Path | None, source: Path) -> set[str] | None:
+    """The ``test_sets`` option as a set (None = all), checked against :data:`TEST_SETS` and the source."""
+    if test_sets is None:
+        return None
+    names = [test_sets] if isinstance(test_sets, str) else list(test_sets)
+    bad = [n for n in names if n not in TEST_SETS]
+    if bad:
+        raise MSBError(f"test_sets: unknown PraNet test set(s) {bad}; choose from {list(TEST_SETS)}.")
+    found = {p.name for p in test_dir.iterdir() if p.is_dir()} if test_dir is not None else set()
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise MSBError(f"{source}: test_sets {missing} not found under TestDataset/ (found {sorted(found)}).")
+    return set(names)
+
+
 def train_source_of(stem: str) -> str:
     """Sub-dataset of a ``TrainDataset`` file: numeric stems are CVC-ClinicDB frames, others Kvasir-SEG."""
     return "CVC-ClinicDB" if re.fullmatch(r"\d+", stem) else "Kvasir"
@@ -82,6 +100,7 @@ def train_source_of(stem: str) -> str:
 def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: int | None = None,
                    threshold: float = DEFAULT_THRESHOLD, val_fraction: float = 0.1, seed: int = 0,
                    groups_csv: str | None = None, group_id_column: str | None = None, group_column: str = "group",
+                   test_sets: list[str] | tuple[str, ...] | None = None, train: bool = True,
                    overwrite: bool = False) -> ConversionReport:
     """Convert a PraNet-layout polyp collection into one prepared dataset at ``out``.
 
@@ -96,14 +115,17 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
             sample has).
         group_id_column: its key column (default ``sample_id``, else ``image``).
         group_column: its group column (default ``group``).
+        test_sets: ``TestDataset`` sub-folders to keep (names of :data:`TEST_SETS`); None = every one found.
+        train: convert ``TrainDataset`` (False: a test-only dataset).
         overwrite: replace an existing non-empty ``out``.
 
     Returns:
         :class:`msb.data.converters.ConversionReport` (changed pixels = values altered by the threshold).
 
     Raises:
-        MSBError: no ``TrainDataset``/``TestDataset`` found, unknown test folder, unpaired files, unreadable
-            files, size mismatch, bad options. Nothing is left at ``out`` after an error.
+        MSBError: no ``TrainDataset``/``TestDataset`` found, unknown test folder, a ``test_sets`` name that is not
+            a PraNet test set or not in the source, nothing left to convert, unpaired files, unreadable files, size
+            mismatch, bad options. Nothing is left at ``out`` after an error.
     """
     source = Path(source).expanduser()
     if not source.is_dir():
@@ -114,6 +136,12 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
     if train_dir is None and test_dir is None:
         raise MSBError(f"{source}: no TrainDataset/ (image/, mask/) or TestDataset/<name>/ (images/, masks/) found; "
                        f"--source must be the PraNet data folder.")
+    keep = _check_test_sets(test_sets, test_dir, source)
+    if not train:
+        train_dir = None
+    if train_dir is None and (test_dir is None or keep == set()):
+        raise MSBError(f"{source}: nothing to convert (train={train}, test_sets={test_sets}); keep TrainDataset or "
+                       f"name at least one test set of {list(TEST_SETS)}.")
     notes: list[str] = []
     samples: list[Sample] = []
     neardup = {sid: f"kvasir-neardup_{k + 1}" for k, pair in enumerate(NEAR_DUPLICATE_PAIRS) for sid in pair}
@@ -145,6 +173,9 @@ def convert_pranet(source: str | os.PathLike, out: str | os.PathLike, *, limit: 
             raise MSBError(f"{test_dir}: unknown test set folder(s) {unknown}; expected some of "
                            f"{', '.join(TEST_SETS)}. Rename or remove them.")
         for sub in subs:
+            if keep is not None and sub.name not in keep:
+                notes.append(f"test_sets: {sub.name} left out")
+                continue
             n = add(sub, "test", sub.name)
             if limit is None and n != TEST_SETS[sub.name]:
                 notes.append(f"{sub.name}: {n} pairs (the PraNet release has {TEST_SETS[sub.name]})")
