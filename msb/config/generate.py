@@ -35,6 +35,7 @@ from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, 
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError
 from msb.config.study_spec import CrossValidationSpec, FinalSpec, SearchSpec
+from msb.config.pools_schema import ContrastsSpec, PoolSpec, pool_axes
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 
@@ -59,6 +60,10 @@ class StudySpec(StrictModel):
     search: Optional[SearchSpec] = None
     cross_validation: Optional[CrossValidationSpec] = None
     final: Optional[FinalSpec] = None
+    # training-pool contrasts (msb/config/pools_schema.py): pools x seeds become the axes data.pool x random_seed
+    pools: list[PoolSpec] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=list)
+    contrasts: Optional[ContrastsSpec] = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,8 @@ def axes_slug(axes: dict[str, Any]) -> str:
     def value(v: Any) -> str:
         if isinstance(v, (list, tuple)):
             return "x".join(value(x) for x in v)
+        if isinstance(v, dict) and isinstance(v.get("name"), str):  # a named value (data.pool): its name
+            return v["name"]
         if isinstance(v, dict):
             return "_".join(f"{k}{value(v[k])}" for k in sorted(v))
         return str(v)
@@ -251,7 +258,8 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
-            for combo in axis_combinations(spec.axes, str(study_path)):
+            axes = pool_axes(spec.pools, spec.seeds, spec.axes, str(study_path))
+            for combo in axis_combinations(axes, str(study_path)):
                 runs.append(_one_run(spec, study_path, ds, arch, merged, prov, combo))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):

@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
 from msb.config.notifications_schema import NotificationsConfig
+from msb.config.pools_schema import BudgetConfig, PoolConfig
 
 __all__ = [
     "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
@@ -80,6 +81,8 @@ class DataConfig(StrictModel):
     labelled_fraction: Optional[float] = Field(None, gt=0, le=1)
     labelled_ids: Optional[list[str] | str] = None
     labelled_seed: Optional[int] = None
+    # training pool of a pool-contrast study (msb.config.pools_schema, docs/studies.md); omitted while unset
+    pool: Optional[PoolConfig] = None
 
     @model_validator(mode="after")
     def _one_labelled_policy(self) -> "DataConfig":
@@ -94,7 +97,7 @@ class DataConfig(StrictModel):
         """Dump without the ``labelled_*`` keys while unset (config hashes stay as they were)."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("labelled_fraction", "labelled_ids", "labelled_seed"):
+            for key in ("labelled_fraction", "labelled_ids", "labelled_seed", "pool"):
                 if getattr(self, key) is None:
                     data.pop(key, None)
         return data
@@ -296,6 +299,8 @@ class TrainConfig(StrictModel):
     pin_memory: bool = True
     persistent_workers: bool = False
     prefetch_factor: Optional[int] = Field(None, gt=0)
+    # equal epochs or equal optimizer steps per training pool (BudgetConfig); omitted while unset
+    budget: Optional[BudgetConfig] = None
     #: old keys still accepted in config files (mapped by ``_legacy_amp``)
     LEGACY_KEYS: ClassVar[frozenset[str]] = frozenset({"amp"})
 
@@ -326,7 +331,7 @@ class TrainConfig(StrictModel):
         data = handler(self)
         if not isinstance(data, dict):
             return data
-        for key, default in TRAIN_HASH_NEUTRAL_DEFAULTS.items():
+        for key, default in {**TRAIN_HASH_NEUTRAL_DEFAULTS, "budget": None}.items():
             if key in data and data[key] == default:
                 data.pop(key)
         if self.precision in _PRECISION_TO_AMP:
