@@ -36,6 +36,12 @@ def _synthetic(source: str | os.PathLike | None, out: str | os.PathLike, **optio
     return make_synthetic_dataset(out, **options)
 
 
+def _merge(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any) -> ConversionReport:
+    """Converter wrapper for :func:`msb.data.converters.merge.convert_merge` (parts prepared by
+    :func:`prepare_dataset`)."""
+    return convert_merge(source, out, prepare=prepare_dataset, **options)
+
+
 def _normalise(name: str) -> str:
     return str(name).strip().lower().replace("_", "-")
 
@@ -46,6 +52,8 @@ def _options_of(fn: Callable[..., Any]) -> list[str]:
 
         fn = make_synthetic_dataset
         skip = {"out"}
+    elif fn is _merge:
+        fn, skip = convert_merge, {"source", "out", "prepare"}
     else:
         skip = {"source", "out"}
     sig = inspect.signature(fn)
@@ -108,7 +116,7 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "etis-larib": convert_etis_larib,
     "cvc-300": convert_cvc_300,
     "bcss": convert_bcss,
-    "merge": convert_merge,
+    "merge": _merge,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",

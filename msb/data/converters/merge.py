@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -70,7 +70,8 @@ def _check_part(part: Any, i: int) -> dict[str, Any]:
 
 
 def convert_merge(source: str | os.PathLike | None, out: str | os.PathLike, *, parts: list[dict[str, Any]],
-                  seed: int = 0, keep_splits: bool = False, overwrite: bool = False) -> ConversionReport:
+                  seed: int = 0, keep_splits: bool = False, overwrite: bool = False,
+                  prepare: Callable[..., ConversionReport] | None = None) -> ConversionReport:
     """Merge prepared datasets (module docstring) into ``out``.
 
     Args:
@@ -80,6 +81,8 @@ def convert_merge(source: str | os.PathLike | None, out: str | os.PathLike, *, p
         seed: seed of the per-part subsets.
         keep_splits: keep each part's ``split`` column (default: empty, the run decides).
         overwrite: replace an existing non-empty ``out``.
+        prepare: the converter entry point for ``converter`` parts (the registry passes
+            :func:`msb.data.converters.prepare_dataset`).
 
     Returns:
         :class:`ConversionReport` (no mask pixel changed here; a part converter's changes are in the notes).
@@ -88,8 +91,6 @@ def convert_merge(source: str | os.PathLike | None, out: str | os.PathLike, *, p
         MSBError: fewer than two parts, a bad part, two parts with one name, parts whose ``classes.csv`` differ
             (both named), any error of a part's converter or of validation. Nothing is left at ``out``.
     """
-    from msb.data.converters import prepare_dataset
-
     if not isinstance(parts, list) or len(parts) < 2:
         raise MSBError(f"merge: 'parts' must list at least two datasets, got {parts!r}")
     parts = [_check_part(p, i) for i, p in enumerate(parts)]
@@ -107,7 +108,10 @@ def convert_merge(source: str | os.PathLike | None, out: str | os.PathLike, *, p
                 root = Path(p["root"]).expanduser()
             else:
                 root = scratch / p["name"]
-                rep = prepare_dataset(p["converter"], p.get("source"), root, **(p.get("options") or {}))
+                if prepare is None:
+                    raise MSBError(f"merge: part {p['name']!r} names a converter; run the merge through "
+                                   f"msb.data.converters.prepare_dataset('merge', ...) or `msb data merge`")
+                rep = prepare(p["converter"], p.get("source"), root, **(p.get("options") or {}))
                 notes.append(f"part {p['name']}: {rep.summary().splitlines()[0]}")
             ds = load_prepared_dataset(root)
             loaded.append((p, ds))
