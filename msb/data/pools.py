@@ -30,7 +30,7 @@ from msb.utils.atomic import atomic_write_text
 from msb.utils.csvio import read_user_csv
 
 __all__ = ["POOL_FILE", "POOL_COLUMNS", "build_pool", "mask_presence", "strata_labels", "ensure_pool",
-           "read_pool_file", "pool_file_text"]
+           "read_pool_file", "pool_file_text", "check_pool"]
 
 POOL_FILE = "pool.csv"
 POOL_COLUMNS = ("sample_id", "source", "stratum")
@@ -174,6 +174,23 @@ def read_pool_file(path: str | os.PathLike, train_ids: Sequence[str]) -> list[st
     return sorted(df["sample_id"].astype(str))
 
 
+def _inputs(ds: PreparedDataset, train_ids: Sequence[str]
+            ) -> tuple[dict[str, str], dict[str, str], Callable[[], dict[str, str]]]:
+    """``source`` and ``group`` maps of the index (an empty group = the sample alone) and a presence function
+    that reads the training masks once, on first call."""
+    idx = ds.index
+    source = dict(zip(idx["sample_id"].astype(str), idx["source"].astype(str)))
+    group = {sid: (g or f"__{sid}") for sid, g in zip(idx["sample_id"].astype(str), idx["group"].astype(str))}
+    cache: dict[str, dict[str, str]] = {}
+
+    def presence() -> dict[str, str]:
+        if "p" not in cache:
+            cache["p"] = mask_presence(ds, sorted(map(str, train_ids)))
+        return cache["p"]
+
+    return source, group, presence
+
+
 def ensure_pool(pool: PoolConfig, ds: PreparedDataset, run_dir: Path, train_ids: Sequence[str]) -> list[str]:
     """The run's training ids under ``pool``: read from ``run_dir/pool.csv`` when present (resume), else built
     (:func:`build_pool`) and written atomically. ``stratum`` column: the ``count_match`` strata of the pool, else
@@ -185,17 +202,21 @@ def ensure_pool(pool: PoolConfig, ds: PreparedDataset, run_dir: Path, train_ids:
     path = Path(run_dir) / POOL_FILE
     if path.is_file():
         return read_pool_file(path, train_ids)
-    idx = ds.index
-    source = dict(zip(idx["sample_id"].astype(str), idx["source"].astype(str)))
-    group = {sid: (g or f"__{sid}") for sid, g in zip(idx["sample_id"].astype(str), idx["group"].astype(str))}
-    cache: dict[str, dict[str, str]] = {}
-
-    def presence() -> dict[str, str]:
-        if "p" not in cache:
-            cache["p"] = mask_presence(ds, sorted(map(str, train_ids)))
-        return cache["p"]
-
+    source, group, presence = _inputs(ds, train_ids)
     ids = build_pool(pool, train_ids, source, group, presence, str(Path(run_dir) / "config.yaml"))
     stratum = strata_labels(ids, pool.strata or ["source"], source, presence)
     atomic_write_text(path, pool_file_text(ids, source, stratum))
     return ids
+
+
+def check_pool(pool: PoolConfig, ds: PreparedDataset, train_ids: Sequence[str], where: str) -> int:
+    """Build ``pool`` without writing anything (a study checks every pool before the first run trains).
+
+    Returns:
+        The pool's number of rows.
+
+    Raises:
+        MSBError: see :func:`build_pool` (naming ``where``).
+    """
+    source, group, presence = _inputs(ds, train_ids)
+    return len(build_pool(pool, train_ids, source, group, presence, where))
