@@ -66,6 +66,9 @@ class DataConfig(StrictModel):
     instead (a list, or a path to a CSV with a ``sample_id`` column or a run's ``labelled.csv``). Only the
     labelled images train with their masks; the subset is written to ``labelled.csv``. The three keys are left
     out of ``config.yaml`` and the config hash while unset, so existing run ids do not change.
+
+    ``pool`` (:class:`~msb.config.pools_schema.PoolConfig`, set by a study's ``pools``): train on that pool's rows
+    of the training split only (``pool.csv``, :mod:`msb.data.pools`); left out of ``config.yaml`` while unset.
     """
 
     name: str
@@ -276,7 +279,8 @@ class TrainConfig(StrictModel):
     passed to the training DataLoader when ``data.num_workers > 0``.
 
     The keys of :data:`TRAIN_HASH_NEUTRAL_DEFAULTS` are left out of ``config.yaml`` (and so of the config hash)
-    while they have their defaults, so run ids of existing studies do not change.
+    while they have their defaults, so run ids of existing studies do not change; so is ``budget`` while unset
+    (:class:`~msb.config.pools_schema.BudgetConfig`: equal epochs or equal optimizer steps, :mod:`msb.engine.budget`).
     """
 
     epochs: int = Field(10, gt=0)
