@@ -20,6 +20,9 @@ SHA-256 of the canonical JSON of the validated config.
 dataset x architecture, with the combination recorded in the run config's ``axes`` (so each counts row names
 its variant, :func:`msb.evaluation.protocol_context.protocol_context`). An axis key must be a valid config key
 (the same check as any layer); a key that is also in ``overrides`` is overridden by the axis.
+
+``pools`` and ``seeds`` (training-pool contrasts, :mod:`msb.config.pools_schema`) add the axes ``data.pool`` (each
+pool's definition; its slug is the pool name) and ``random_seed`` after the study's own ``axes``.
 """
 
 from __future__ import annotations
