@@ -126,3 +126,20 @@ def test_files_and_run_discovery(tmp_path):
     assert "\\begin{tabular}" in (tmp_path / "out" / "contrasts.tex").read_text()
     with pytest.raises(MSBError, match="no run folder with data.pool"):
         pool_runs(tmp_path)
+
+
+def test_report_section_reads_the_written_files(tmp_path):
+    from msb.analysis.report_contrasts import write_contrasts_section
+    from msb.analysis.report_doc import ReportDoc
+
+    doc = ReportDoc(tmp_path / "report")
+    assert not write_contrasts_section(doc, tmp_path / "study")  # no contrasts/: no section
+    table = contrast_table(COUNTS, [("a", "b")], POPS, n_boot=20)
+    ranks, rho = population_ranks(COUNTS, POPS)
+    write_contrasts(table, ranks, rho, tmp_path / "study" / "contrasts")
+    assert write_contrasts_section(doc, tmp_path / "study")
+    md = doc.markdown()
+    assert "Training-pool contrasts" in md and "paired-t over seeds" in md and "not sampling of patients" in md
+    shown = pd.read_csv(tmp_path / "report" / "data" / "pool_contrasts.csv")
+    assert shown["mean_diff"].to_numpy() == pytest.approx(table["mean_diff"].to_numpy())
+    assert (tmp_path / "report" / "data" / "pool_rho.csv").is_file()
