@@ -34,7 +34,11 @@ def study(tmp_path_factory):
     steps: dict[int, int] = {}
 
     def count(opt, args, kwargs):
-        steps[id(opt)] = steps.get(id(opt), 0) + 1
+        # one key per optimizer object (id() may be reused once an earlier run's optimizer is freed)
+        if not hasattr(opt, "_test_step_key"):
+            opt._test_step_key = len(steps)
+            steps[opt._test_step_key] = 0
+        steps[opt._test_step_key] += 1
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
