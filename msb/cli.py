@@ -355,6 +355,7 @@ import msb.cli_audit  # noqa: E402,F401 - registers ``msb audit``
 import msb.cli_metrics  # noqa: E402,F401 - registers ``msb metrics`` (boundary/lesion/legacy metrics)
 import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 import msb.cli_weights  # noqa: E402,F401 - registers ``msb weights list|fetch``
+import msb.cli_contrasts  # noqa: E402,F401 - registers ``msb contrasts`` (training-pool contrasts)
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:

@@ -10,7 +10,7 @@ import typer
 from msb.cli_common import data_app, log, track
 from msb.errors import MSBError
 
-__all__ = ["data_prepare", "data_synth", "data_validate"]
+__all__ = ["data_prepare", "data_synth", "data_merge", "data_validate"]
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -73,6 +73,36 @@ def data_synth(out: Path = typer.Option(Path("datasets/synthetic"), help="Output
     if n < 1:
         raise MSBError(f"--n must be a positive number of images, got {n}")
     log(make_synthetic_dataset(out, n_samples=n, seed=seed, overwrite=overwrite).summary())
+
+
+@data_app.command("merge")
+def data_merge(out: Path = typer.Argument(..., help="Output folder of the merged dataset."),
+               part: List[str] = typer.Option(..., help="NAME=DIR: a prepared dataset folder and its source label "
+                                                        "(the 'source' column), repeatable (at least two)."),
+               limit: Optional[List[str]] = typer.Option(None, help="NAME=N: keep a seeded, group-aware subset of "
+                                                                    "about N samples of that part (whole groups)."),
+               seed: int = typer.Option(0, help="Seed of the subsets."),
+               keep_splits: bool = typer.Option(False, help="Keep the parts' split columns (default: empty)."),
+               overwrite: bool = typer.Option(False, help="Replace an existing dataset at OUT.")) -> None:
+    """Merge prepared datasets with the same classes into one multi-source dataset (source = part name)."""
+    from msb.data.converters import prepare_dataset
+
+    parts, limits = [], {}
+    for item in limit or []:
+        name, sep, n = item.partition("=")
+        if not sep or not n.strip().isdigit():
+            raise MSBError(f"--limit {item!r}: expected NAME=N, e.g. --limit kvasir=160.")
+        limits[name.strip()] = int(n)
+    for item in part:
+        name, sep, folder = item.partition("=")
+        if not sep or not name.strip() or not folder.strip():
+            raise MSBError(f"--part {item!r}: expected NAME=DIR, e.g. --part kvasir=datasets/kvasir_seg.")
+        parts.append({"name": name.strip(), "root": folder.strip(),
+                      **({"limit": limits.pop(name.strip())} if name.strip() in limits else {})})
+    if limits:
+        raise MSBError(f"--limit names {sorted(limits)}, which are not --part names")
+    log(prepare_dataset("merge", None, out, parts=parts, seed=seed, keep_splits=keep_splits,
+                        overwrite=overwrite).summary())
 
 
 @data_app.command("validate")

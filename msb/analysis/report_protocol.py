@@ -13,6 +13,7 @@ from pathlib import Path
 from msb.analysis.protocol import ANALYSES, load_study, run_analyses
 from msb.analysis.protocol.common import flat_columns
 from msb.analysis.protocol.writers import write_table
+from msb.analysis.report_contrasts import write_contrasts_section
 from msb.analysis.report_doc import ReportDoc
 from msb.utils.atomic import atomic_write_text
 
@@ -43,6 +44,7 @@ def write_protocol_section(doc: ReportDoc, study_dir: Path, notes: list[str],
 
     A split-protocol refusal does not stop the report: the analysis is listed as refused with the message.
     """
+    write_contrasts_section(doc, study_dir)  # a pool-contrast study's table, when `msb contrasts` wrote it
     art = load_study(study_dir, exclude=(doc.out,))
     notes.extend(art.notes)
     outputs, skipped = run_analyses(art, analyses, options, refusals_as_skips=True)

@@ -20,6 +20,9 @@ SHA-256 of the canonical JSON of the validated config.
 dataset x architecture, with the combination recorded in the run config's ``axes`` (so each counts row names
 its variant, :func:`msb.evaluation.protocol_context.protocol_context`). An axis key must be a valid config key
 (the same check as any layer); a key that is also in ``overrides`` is overridden by the axis.
+
+``pools`` and ``seeds`` (training-pool contrasts, :mod:`msb.config.pools_schema`) add the axes ``data.pool`` (each
+pool's definition; its slug is the pool name) and ``random_seed`` after the study's own ``axes``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, 
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError
 from msb.config.study_spec import CrossValidationSpec, FinalSpec, SearchSpec
+from msb.config.pools_schema import ContrastsSpec, PoolSpec, pool_axes
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
 
@@ -59,6 +63,10 @@ class StudySpec(StrictModel):
     search: Optional[SearchSpec] = None
     cross_validation: Optional[CrossValidationSpec] = None
     final: Optional[FinalSpec] = None
+    # training-pool contrasts (msb/config/pools_schema.py): pools x seeds become the axes data.pool x random_seed
+    pools: list[PoolSpec] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=list)
+    contrasts: Optional[ContrastsSpec] = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +214,8 @@ def axes_slug(axes: dict[str, Any]) -> str:
     def value(v: Any) -> str:
         if isinstance(v, (list, tuple)):
             return "x".join(value(x) for x in v)
+        if isinstance(v, dict) and isinstance(v.get("name"), str):  # a named value (data.pool): its name
+            return v["name"]
         if isinstance(v, dict):
             return "_".join(f"{k}{value(v[k])}" for k in sorted(v))
         return str(v)
@@ -251,7 +261,8 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
-            for combo in axis_combinations(spec.axes, str(study_path)):
+            axes = pool_axes(spec.pools, spec.seeds, spec.axes, str(study_path))
+            for combo in axis_combinations(axes, str(study_path)):
                 runs.append(_one_run(spec, study_path, ds, arch, merged, prov, combo))
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):

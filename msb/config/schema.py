@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
 from msb.config.notifications_schema import NotificationsConfig
+from msb.config.pools_schema import BudgetConfig, PoolConfig
 
 __all__ = [
     "StrictModel", "PrepareConfig", "SplitConfig", "DataConfig", "ModelConfig", "OptimizerConfig",
@@ -66,9 +67,7 @@ class DataConfig(StrictModel):
     labelled images train with their masks; the subset is written to ``labelled.csv``. The three keys are left
     out of ``config.yaml`` and the config hash while unset, so existing run ids do not change.
 
-    ``require_audit`` (e.g. ``[crossing-near-duplicate]``; checks of :mod:`msb.audit.verdict`): before training,
-    the run's split is audited (or a cached audit of the same inputs reused, :mod:`msb.audit.gate`) and the run
-    refuses to train when a listed relation crosses it. Left out of the dump and hash while unset.
+            for key in ("labelled_fraction", "labelled_ids", "labelled_seed", "require_audit", "pool"):
     """
 
     name: str
@@ -85,6 +84,8 @@ class DataConfig(StrictModel):
     labelled_ids: Optional[list[str] | str] = None
     labelled_seed: Optional[int] = None
     require_audit: Optional[list[Literal["crossing-identical", "crossing-near-duplicate", "crossing-group"]]] = None
+    # training pool of a pool-contrast study (msb.config.pools_schema, docs/studies.md); omitted while unset
+    pool: Optional[PoolConfig] = None
 
     @model_validator(mode="after")
     def _one_labelled_policy(self) -> "DataConfig":
@@ -99,7 +100,7 @@ class DataConfig(StrictModel):
         """Dump without the ``labelled_*`` and ``require_audit`` keys while unset (config hashes stay as they were)."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("labelled_fraction", "labelled_ids", "labelled_seed", "require_audit"):
+            for key in ("labelled_fraction", "labelled_ids", "labelled_seed", "require_audit", "pool"):
                 if getattr(self, key) is None:
                     data.pop(key, None)
         return data
@@ -278,7 +279,8 @@ class TrainConfig(StrictModel):
     passed to the training DataLoader when ``data.num_workers > 0``.
 
     The keys of :data:`TRAIN_HASH_NEUTRAL_DEFAULTS` are left out of ``config.yaml`` (and so of the config hash)
-    while they have their defaults, so run ids of existing studies do not change.
+    while they have their defaults, so run ids of existing studies do not change; so is ``budget`` while unset
+    (:class:`~msb.config.pools_schema.BudgetConfig`: equal epochs or equal optimizer steps, :mod:`msb.engine.budget`).
     """
 
     epochs: int = Field(10, gt=0)
@@ -301,6 +303,8 @@ class TrainConfig(StrictModel):
     pin_memory: bool = True
     persistent_workers: bool = False
     prefetch_factor: Optional[int] = Field(None, gt=0)
+    # equal epochs or equal optimizer steps per training pool (BudgetConfig); omitted while unset
+    budget: Optional[BudgetConfig] = None
     #: old keys still accepted in config files (mapped by ``_legacy_amp``)
     LEGACY_KEYS: ClassVar[frozenset[str]] = frozenset({"amp"})
 
@@ -331,7 +335,7 @@ class TrainConfig(StrictModel):
         data = handler(self)
         if not isinstance(data, dict):
             return data
-        for key, default in TRAIN_HASH_NEUTRAL_DEFAULTS.items():
+        for key, default in {**TRAIN_HASH_NEUTRAL_DEFAULTS, "budget": None}.items():
             if key in data and data[key] == default:
                 data.pop(key)
         if self.precision in _PRECISION_TO_AMP:

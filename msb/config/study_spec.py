@@ -28,7 +28,8 @@ __all__ = ["SamplerSpec", "SearchSpec", "CrossValidationSpec", "ExternalSpec", "
 
 #: Run-config keys a search may not vary: they define the data, the split (and so the folds) or where runs go.
 FORBIDDEN_PARAM_PREFIXES: tuple[str, ...] = ("study", "run_root", "data.name", "data.root", "data.prepare",
-                                             "data.split", "data.cache_dir", "data.max_samples_per_split")
+                                             "data.split", "data.cache_dir", "data.max_samples_per_split",
+                                             "data.pool")
 
 
 class SamplerSpec(StrictModel):

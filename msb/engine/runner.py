@@ -27,6 +27,7 @@ from msb.data.splits import read_split_file, resolve_splits, write_split_file
 from msb.data.torch_dataset import SegmentationDataset, build_augmentation
 from msb.data.verify import verify_files
 from msb.engine import distributed
+from msb.engine.budget import BUDGET_FILE, effective_config, plan_budget, write_budget
 from msb.engine.determinism import seed_everything
 from msb.engine.trainer import Trainer, TrainResult
 from msb.errors import MSBError
@@ -111,6 +112,12 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
         manifest["labelled_sha256"] = sha256_file(run_dir / "labelled.csv")
     if runtime.is_file():
         manifest["training"] = json.loads(runtime.read_text())
+    if (run_dir / "pool.csv").is_file():  # pool-contrast runs only
+        manifest["pool"] = {"name": run.config.data.pool.name if run.config.data.pool else None,
+                            "sha256": sha256_file(run_dir / "pool.csv"),
+                            "n_rows": (run_dir / "pool.csv").read_text(encoding="utf-8").count("\n") - 1}
+    if (run_dir / BUDGET_FILE).is_file():  # train.budget runs only: epochs run and optimizer steps taken
+        manifest["budget"] = json.loads((run_dir / BUDGET_FILE).read_text())
     manifest.update(extra or {})
     atomic_write_text(run_dir / "manifest.json", json.dumps(manifest, indent=2))
 
@@ -157,6 +164,12 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     if checked:
         log(f"[{run.run_id}] checked {checked} image/mask file(s) of '{ds.name}' at native resolution: OK")
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
+    if cfg.data.pool is not None:  # pool-contrast study: train on the pool's rows of the training split
+        from msb.data.pools import ensure_pool
+
+        train_ids = ensure_pool(cfg.data.pool, ds, run_dir, train_ids)
+        log(f"[{run.run_id}] training pool '{cfg.data.pool.name}' ({cfg.data.pool.kind}, pool.csv): "
+            f"{len(train_ids)} training images")
     if cfg.data.labelled_policy:  # semi-supervised protocol: only the labelled subset trains with masks
         from msb.data.labelled import labelled_train_ids
 
@@ -171,7 +184,10 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
         f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}"
         + (f", {ctx.world_size} DDP process{'es' if ctx.world_size > 1 else ''} ({ctx.backend}), global batch "
            f"{cfg.train.batch_size}" if ctx else ""))
-    return trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
+    result = trainer.fit(stop_after_epoch=stop_after_epoch, on_epoch_end=on_epoch_end)
+    if cfg.train.budget is not None:  # budget.json: the plan, the epochs run and the optimizer steps taken
+        write_budget(run_dir, plan_budget(cfg, len(train_ids)), result.epochs_done)  # type: ignore[arg-type]
+    return result
 
 
 def follow_train(order: dict[str, Any]) -> TrainResult:
@@ -183,6 +199,10 @@ def follow_train(order: dict[str, Any]) -> TrainResult:
     lim = cfg.data.max_samples_per_split
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, no_track)
     train_ids = _ids(splits, "train", lim)
+    if cfg.data.pool is not None:  # rank 0 wrote pool.csv before sending the work
+        from msb.data.pools import POOL_FILE, read_pool_file
+
+        train_ids = read_pool_file(run_dir / POOL_FILE, train_ids)
     if cfg.data.labelled_policy:  # rank 0 wrote labelled.csv before sending the work: read, never drawn again
         from msb.data.labelled import labelled_train_ids
 
@@ -195,8 +215,10 @@ def follow_train(order: dict[str, Any]) -> TrainResult:
 
 def build_trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: Any, train_ids: list[str],
              val_ids: list[str], track: Tracker, log: Logger, ctx: distributed.DistContext | None) -> Trainer:
-    """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank)."""
-    cfg = run.config
+    """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank); with
+    ``train.budget`` the trainer runs the plan's epochs (:mod:`msb.engine.budget`)."""
+    plan = plan_budget(run.config, len(train_ids))
+    cfg = effective_config(run.config, plan)
     a = cfg.train.augment
     aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,
                              a.brightness_contrast, seed=cfg.random_seed)
@@ -204,7 +226,12 @@ def build_trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: 
     val_ds = SegmentationDataset(cache, val_ids, cfg.data.normalize_mean, cfg.data.normalize_std)
     seed_everything(cfg.random_seed)  # the initial weights depend on the run seed only
     model = build_model(cfg.model, len(ds.foreground_classes))
-    return Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log, dist=ctx)
+    trainer = Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log, dist=ctx)
+    if plan is not None and plan.unit == "steps":
+        trainer.last_epoch_batches = plan.last_epoch_batches
+        if ctx is None or ctx.is_main:
+            write_budget(run_dir, plan)
+    return trainer
 
 
 def run_fold(run_dir: Path) -> int:

@@ -148,6 +148,7 @@ class Trainer:
         # consecutive optimizer steps with a non-finite loss or skipped by the fp16 scaler (AMP only)
         self.nonfinite_streak = 0
         self.steps_done = 0  # batches of the current epoch done (named by a divergence error)
+        self.last_epoch_batches: int | None = None  # train.budget steps: batches of the last epoch (budget.py)
 
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         """The model input in the configured memory format (``train.channels_last``)."""
@@ -173,6 +174,8 @@ class Trainer:
         self.data_wait_s, t_wait = 0.0, time.perf_counter()
         for step, (x, y, _) in enumerate(self.track(loader, f"epoch {epoch}/{cfg.train.epochs}", len(loader)),
                                          start=1):
+            if self.last_epoch_batches is not None and epoch == cfg.train.epochs and step > self.last_epoch_batches:
+                break
             self.data_wait_s += time.perf_counter() - t_wait
             # DDP: scale this rank's mean loss so that the gradient average equals the global batch's mean loss
             n_step = loader.batch_sampler.global_sizes[step - 1] if world > 1 else x.shape[0]  # images in the step

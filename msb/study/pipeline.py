@@ -109,6 +109,13 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
         _open_storage(ctx, units)  # a bad URL fails before anything is written
     outcomes: list[RunOutcome] = []
     try:
+        checked: dict[str, PreparedDataset] = {}
+        for u in [u for u in units if u.cfg.data.pool is not None]:  # every pool is drawn before anything trains
+            u.state_dir.mkdir(parents=True, exist_ok=True)
+            if u.cfg.data.root not in checked:
+                with prepare_lock(u):
+                    checked[u.cfg.data.root] = ensure_dataset(u.cfg, log)
+            _check_pool(u, checked[u.cfg.data.root])
         for u in units:
             u.state_dir.mkdir(parents=True, exist_ok=True)
             with prepare_lock(u):
@@ -140,6 +147,18 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
             except Exception as exc:  # noqa: BLE001 - never hide the study's own error behind a closing one
                 log(f"closing the optuna storage failed ({type(exc).__name__}: {exc})")
     return outcomes
+
+
+def _check_pool(u: StudyUnit, ds: PreparedDataset) -> None:
+    """Draw the unit's training pool on the run config's split without writing anything (msb.data.pools)."""
+    from msb.data.pools import check_pool
+    from msb.data.splits import resolve_splits
+
+    s = u.cfg.data.split
+    splits = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column)
+    train = sorted(str(k) for k, v in splits.items() if v == "train")
+    lim = u.cfg.data.max_samples_per_split
+    check_pool(u.cfg.data.pool, ds, train[:lim] if lim else train, f"{u.study_file} (unit {u.name})")
 
 
 def _train_unit(u: StudyUnit, ds: Any, ctx: StudyContext) -> list[RunOutcome]:
