@@ -1,4 +1,4 @@
-"""The shipped CI variant of the pool-contrast protocol (configs/studies/reuse_contrast_ci.yaml) end to end, in
+"""The shipped CI variant of the pool-contrast protocol (configs/protocols/reuse_contrast_ci.yaml) end to end, in
 process: 5 pools x 2 paired seeds on three synthetic sources, equal optimizer steps, then ``msb contrasts``.
 
 Checked against the stored files with plain pandas/NumPy/OpenCV: one split for every run (val/test fixed), pool
@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from msb.utils.hashing import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
-STUDY = REPO / "configs" / "studies" / "reuse_contrast_ci.yaml"
+STUDY = REPO / "configs" / "protocols" / "reuse_contrast_ci.yaml"
 
 
 @pytest.fixture(scope="module")
