@@ -204,12 +204,14 @@ def _codes(table: pa.Table, c: str) -> tuple[np.ndarray, list]:
     if pa.types.is_dictionary(col.type):
         arr = col.unify_dictionaries().combine_chunks() if col.num_chunks > 1 else col.combine_chunks()
         values = arr.dictionary.to_pylist()
-        codes = _flat(arr.indices).astype(np.int64)
+        codes = _flat(arr.indices)
         if len(set(values)) != len(values):  # a dictionary with repeats: code by value
             uniq, inv = np.unique(np.asarray(values, dtype=object), return_inverse=True)
             return inv[codes], list(uniq)
         return codes, values
     v = _np(table, c)
+    if len(v) and v[0] == v[-1] and (v == v[0]).all():  # a constant column (fold, threshold, ...)
+        return np.zeros(len(v), dtype=np.int8), [v[0].item()]
     if v.dtype.kind == "i" and len(v):
         lo, hi = int(v.min()), int(v.max())
         if hi - lo < 4 * len(v) + 1024:
@@ -226,12 +228,26 @@ def _combine(parts: list[tuple[np.ndarray, int]], n: int) -> tuple[np.ndarray, i
     """One int64 code per row, equal iff every part's code is; ``(codes, upper bound of the codes)``."""
     combined, card = np.zeros(n, dtype=np.int64), 1
     for codes, k in parts:
-        if card * max(k, 1) >= 2**62:
+        if k <= 1:
+            continue
+        if card * k >= 2**62:
             uniq, inv = np.unique(combined, return_inverse=True)
             combined, card = inv.astype(np.int64), len(uniq)
-        combined = combined * max(k, 1) + codes
-        card *= max(k, 1)
+        combined = combined * k + codes
+        card *= k
     return combined, card
+
+
+def _dense(codes: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(dense codes 0..G-1 in the order of the codes' values, one row index of each)``."""
+    if card <= 8 * len(codes) + 1024:
+        present = np.bincount(codes, minlength=card) > 0
+        remap = np.cumsum(present) - 1
+        rep = np.zeros(card, dtype=np.int64)
+        rep[codes] = np.arange(len(codes))  # any row of a group: its rows share the group key
+        return remap[codes], rep[present]
+    _, first, inv = np.unique(codes, return_index=True, return_inverse=True)
+    return inv, first
 
 
 def _has_repeats(codes: np.ndarray, card: int) -> bool:
@@ -300,8 +316,7 @@ def _scores(table: pa.Table, group_by: list[str], notes: tuple[str, ...]) -> Fas
     key, card = _combine([(coded[c][0], len(coded[c][1])) for c in KEY_COLUMNS], n)
     if _has_repeats(key, card):  # duplicates to resolve or to refuse: the pandas path
         raise _Unusual
-    g, _ = _combine([(coded[c][0], len(coded[c][1])) for c in group_by], n)
-    _, first, g = np.unique(g, return_index=True, return_inverse=True)
+    g, first = _dense(*_combine([(coded[c][0], len(coded[c][1])) for c in group_by], n))
     n_groups = len(first)
     gkeys = [tuple(coded[c][1][coded[c][0][i]] for c in group_by) for i in first]
     pool, n_pool = _combine([(coded[c][0], len(coded[c][1])) for c in ("threshold", "threshold_on")], n)
@@ -316,7 +331,7 @@ def _scores(table: pa.Table, group_by: list[str], notes: tuple[str, ...]) -> Fas
     c = rank[cls_codes]
     n_c = len(order)
     gc = g * n_c + c
-    counts = {k: _np(table, k).astype(np.int64) for k in ("tp", "fp", "fn")}
+    counts = {k: _np(table, k) for k in ("tp", "fp", "fn")}
     sums = {k: np.bincount(gc, weights=v, minlength=n_groups * n_c).reshape(n_groups, n_c)
             for k, v in counts.items()}
     rows_gc = np.bincount(gc, minlength=n_groups * n_c).reshape(n_groups, n_c)
