@@ -37,9 +37,9 @@ HAS_FAISS = _faiss is not None
 _FAISS_QUERIES = 65_536
 
 #: Smallest hash set for which ``backend="auto"`` considers multi-index hashing (:mod:`msb.audit.mih`).
-MIH_MIN = 100_000
+MIH_MIN = 20_000
 #: Exhaustive comparisons per unit of the MIH work model at equal time (measured 27 at 100,000 hashes, k = 8,
-#: against faiss's flat search on 2 threads; docs/performance.md).
+#: against faiss's flat search on 2 threads; modelled break-even ~10,000 hashes; docs/performance.md).
 _MIH_UNIT = 30
 
 _BYTE_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)

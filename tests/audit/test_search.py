@@ -156,7 +156,8 @@ def test_multi_index_hashing_equals_the_exhaustive_search(m: int, k: int) -> Non
 
 
 def test_auto_uses_mih_only_for_large_sets(monkeypatch) -> None:
-    assert not search._mih_pays(50_000, 8)  # below MIH_MIN: the flat search
+    assert not search._mih_pays(10_000, 8)  # below MIH_MIN: the flat search
+    assert search._mih_pays(50_000, 8)
     assert search._mih_pays(1_000_000, 8) and not search._mih_pays(1_000_000, 40)  # k = 40: masks explode
     monkeypatch.setattr(search, "MIH_MIN", 100)
     h = planted_hashes(2000, 5)
