@@ -199,7 +199,8 @@ def _check_rows(table: pa.Table) -> None:
 
 
 def _codes(table: pa.Table, c: str) -> tuple[np.ndarray, list]:
-    """``(codes, values)``: ``values[codes[i]]`` is row ``i``'s value; values unique (not sorted)."""
+    """``(codes, values)``: ``values[codes[i]]`` is row ``i``'s value; values unique (not sorted; some may be
+    unused by any row)."""
     col = table.column(c)
     if pa.types.is_dictionary(col.type):
         arr = col.unify_dictionaries().combine_chunks() if col.num_chunks > 1 else col.combine_chunks()
@@ -214,12 +215,8 @@ def _codes(table: pa.Table, c: str) -> tuple[np.ndarray, list]:
         return np.zeros(len(v), dtype=np.int8), [v[0].item()]
     if v.dtype.kind == "i" and len(v):
         lo, hi = int(v.min()), int(v.max())
-        if hi - lo < 4 * len(v) + 1024:
-            present = np.zeros(hi - lo + 1, dtype=bool)
-            present[v - lo] = True
-            keep = np.flatnonzero(present)
-            remap = np.cumsum(present) - 1
-            return remap[v - lo], (keep + lo).tolist()
+        if hi - lo < 4 * len(v) + 1024:  # a small range: the value itself is the code (absent values unused)
+            return (v if lo == 0 else v - lo), list(range(lo, hi + 1))
     uniq, inv = np.unique(v, return_inverse=True)
     return inv.astype(np.int64), uniq.tolist()
 
