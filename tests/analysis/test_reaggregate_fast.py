@@ -162,3 +162,19 @@ def test_cli_reaggregate_imports_no_pandas(tmp_path, files):
     slow = scores_wide(reaggregate(read_counts(files)))
     assert p.stdout.startswith(slow.to_csv(index=False) + "written: ")  # the same CSV, then the log line
     assert (tmp_path / "o" / "scores.parquet").is_file()
+
+
+def test_codes_and_combined_keys_on_wide_ranges():
+    """Integer codes by value (small range, wide range, constant) and a combined key that would overflow int64
+    (it is compressed first) tell rows apart exactly as the tuples of their values do."""
+    from msb.analysis import reaggregate_fast as rf
+
+    vals = {"a": [5, 10**12, 5, -3], "b": [7, 7, 7, 7], "c": [2, 3, 2, 3]}
+    t = pa.table({k: pa.array(v, pa.int64()) for k, v in vals.items()})
+    for c, v in vals.items():
+        codes, values = rf._codes(t, c)
+        assert [values[k] for k in codes] == v
+    parts = [(np.array([0, 1, 0, 1]), 2**40), (np.array([3, 3, 3, 2]), 2**40), (np.array([1, 1, 1, 1]), 7)]
+    key, card = rf._combine(parts, 4)
+    assert key.max() < card and len(set(key.tolist())) == 3 and key[0] == key[2] != key[1]
+    assert rf._has_repeats(key, card) and not rf._has_repeats(np.array([4, 2**50, 9]), 2**51)
