@@ -178,3 +178,18 @@ def test_codes_and_combined_keys_on_wide_ranges():
     key, card = rf._combine(parts, 4)
     assert key.max() < card and len(set(key.tolist())) == 3 and key[0] == key[2] != key[1]
     assert rf._has_repeats(key, card) and not rf._has_repeats(np.array([4, 2**50, 9]), 2**51)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "markdown", "table"])
+def test_cli_output_equals_the_pandas_path_in_every_format(files, fmt, monkeypatch):
+    from typer.testing import CliRunner
+
+    import msb.analysis.reaggregate_fast as rf
+    from msb.cli import app
+
+    args = ["reaggregate", *map(str, files), "--format", fmt]
+    fast = CliRunner().invoke(app, args)
+    monkeypatch.setattr(rf, "fast_reaggregate", lambda *a, **k: None)  # the pandas path
+    slow = CliRunner().invoke(app, args)
+    assert fast.exit_code == slow.exit_code == 0
+    assert fast.output == slow.output and "global-micro" in fast.output
