@@ -168,22 +168,37 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                                                            help="Let --analyses rank rows of different split policies.")
                 ) -> None:
     """Dice, IoU, precision, recall under global-micro, image-macro and class-macro from stored counts."""
-    from msb.analysis.aggregate import DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate as _reagg, write_scores
+    from msb.analysis.aggregate_core import DEFAULT_GROUP, POOL_FOLDS_GROUP
 
     fmt = resolve_format(format)
-    from msb.analysis.counts_io import read_counts_with_report
-
     if analyses is not None and not compare:  # only the protocol analyses of one study folder
         protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed, bootstrap, console.print, log)
         return
     extended = rules is not None or population or bootstrap or compare
+    group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
+    if by_threshold:
+        group = (*group, "threshold", "threshold_on")
+    if not extended:  # the columnar path (no pandas); None: something to report or resolve, the pandas path below
+        from msb.analysis.reaggregate_fast import fast_reaggregate
+
+        fast = fast_reaggregate(paths, group)
+        if fast is not None:
+            for note in fast.notes:
+                log(note) if fmt == "table" else err_console.print(note, highlight=False, markup=False, soft_wrap=True)
+            if fmt == "csv":
+                console.print(fast.wide_csv(), highlight=False, markup=False, soft_wrap=True, end="")
+            else:
+                _print_scores(fast.to_frame(), fmt)
+            if out is not None:
+                log(f"written: {', '.join(str(p) for p in fast.write(out))}")
+            return
+    from msb.analysis.aggregate import reaggregate as _reagg, write_scores
+    from msb.analysis.counts_io import read_counts_with_report
+
     # the basic table needs no hash, name or source column: columnar read of the others (docs/performance.md)
     df, report = read_counts_with_report(paths, None if extended else ["model"])
     for note in report.notes:  # on stderr when stdout carries data (csv / json / markdown)
         log(note) if fmt == "table" else err_console.print(note, highlight=False, markup=False, soft_wrap=True)
-    group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
-    if by_threshold:
-        group = (*group, "threshold", "threshold_on")
     if extended:
         from msb.analysis.compare import run_extended
 

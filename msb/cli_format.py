@@ -9,13 +9,15 @@ row. Lines are written without hard wrapping.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import pandas as pd
 from rich.table import Table
 
 from msb.cli_common import console, log
 from msb.errors import MSBError
+
+if TYPE_CHECKING:  # pandas is imported by the callers that build frames (the columnar reaggregate path never does)
+    import pandas as pd
 
 __all__ = ["FORMATS", "FORMAT_HELP", "resolve_format", "emit_frame", "print_scores", "print_leaderboards"]
 

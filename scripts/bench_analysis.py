@@ -17,8 +17,8 @@ Rows (one run, repeats interleaved, median / min / max printed, ratio ours / bes
 
 3. **reaggregate of a ``--rows`` counts.parquet** (1,000,000 rows: 20 runs x 25,000 images x 2 classes,
    every schema column, no ``digests.json``): ours = the ``msb reaggregate FILE --out DIR`` command in a
-   subprocess (start-up, schema and row checks, duplicate resolution, 3 rules x 4 metrics, scores.csv and
-   scores.parquet); competitor = a pandas script in a subprocess that reads the needed columns and computes
+   subprocess (start-up, schema and row checks, duplicate-key check, 3 rules x 4 metrics, scores.csv and
+   scores.parquet; the columnar path :mod:`msb.analysis.reaggregate_fast`, which imports no pandas); competitor = a pandas script in a subprocess that reads the needed columns and computes
    the same 3 rules x 4 metrics with ``groupby`` sums and means and writes a CSV. Peak resident memory of
    each subprocess (``ru_maxrss``) is printed. Value check: every score equal (``|diff| <= 1e-12``).
    ``--rows-10m`` also measures ours at 10,000,000 rows (time and peak memory, no competitor).
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="msb_bench_") as tmp:
         if args.only == "bootstrap":
             return _finish(rows, args.json)
-        r = bench_reaggregate(args.rows, max(1, min(args.repeats, 3)), Path(tmp), args.rows_10m)
+        r = bench_reaggregate(args.rows, max(1, min(args.repeats, 5)), Path(tmp), args.rows_10m)
         print_row(r)
         rows.append(r)
     return _finish(rows, args.json)

@@ -4,7 +4,7 @@ Rows (one run, repeats interleaved, median / min / max, ratio ours / best compet
 
 1. **near-duplicate search**, ``--n`` (50,000) synthetic 64-bit hashes (random, every 10th followed by a copy
    with 0-4 flipped bits), ``k = --k`` (8), ``--workers`` threads (2). Ours: :func:`msb.audit.search.pairs_within`
-   (faiss when installed). Competitors: (a) NumPy ``bitwise_count`` in chunks of 256 rows against the later
+   (``auto``: exact multi-index hashing from 20,000 hashes, :mod:`msb.audit.mih`; faiss below). Competitors: (a) NumPy ``bitwise_count`` in chunks of 256 rows against the later
    hashes, (b) ``faiss.IndexBinaryFlat`` range search with radius ``k + 1`` used directly (skipped with a
    note when faiss-cpu is not installed). Value check: identical ``(i, j, d)`` pair lists.
 2. **hashing** (pHash + dHash of every image under ``../shared/data/*/images``, at most ``--images``): ours
@@ -12,8 +12,9 @@ Rows (one run, repeats interleaved, median / min / max, ratio ours / best compet
    processes) vs a loop ``imagehash.phash(img), imagehash.dhash(img)`` over PIL images. Value check: identical
    hashes. Skipped with a note without ``../shared/data``.
 
-``--large N`` also times ours alone on N hashes (e.g. 200,000; the flat search is O(N^2), so the 1M-hash time
-is that time x (1e6 / N)^2, printed as an extrapolation).
+``--large N`` also times ours once on N hashes (e.g. 1,000,000: multi-index hashing) and, up to 200,000 hashes,
+faiss's flat range search once on the same hashes (identical pairs checked); above that the flat time is
+extrapolated from a flat search of 100,000 of the hashes as O(N^2).
 
 Usage: ``python scripts/bench_audit.py [--quick] [--n 50000] [--repeats R] [--large N] [--json OUT]``.
 ``--quick`` = 5,000 hashes, 40 images, 1 repeat. Exit status 1 when a value check fails.
@@ -135,6 +136,32 @@ def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
     return row
 
 
+def bench_large(n: int, k: int, workers: int) -> Row:
+    """``--large``: ours once on ``n`` hashes; faiss flat once (``n <= 200,000``) or extrapolated."""
+    from msb.audit.search import _mih_pays
+
+    h = synthetic_hashes(n, seed=1)
+    row = Row(f"near-duplicate search, {n:,} 64-bit hashes, k = {k}, ours "
+              f"{'multi-index hashing' if _mih_pays(n, k) else 'flat'}, 1 run")
+    sides = {"ours": lambda: pairs_within(h, k, workers=workers)}
+    if HAS_FAISS and n <= 200_000:
+        sides["faiss IndexBinaryFlat range search"] = lambda: faiss_flat(h, k, workers)
+    vals = interleave(row, sides, 1)
+    ours = _sorted(vals.pop("ours"))
+    row.check = f"{len(ours[0])} pairs"
+    if vals:
+        row.equal = all(np.array_equal(a, b) for a, b in zip(ours, _sorted(vals["faiss IndexBinaryFlat range search"])))
+        row.check += f"; identical to faiss flat: {row.equal}"
+    elif HAS_FAISS:
+        sub = h[:100_000]
+        t0 = time.perf_counter()
+        faiss_flat(sub, k, workers)
+        dt = time.perf_counter() - t0
+        row.notes.append(f"faiss flat on 100,000 of these hashes: {dt:.1f} s; at {n:,} ~ {dt * (n / 1e5) ** 2:.0f} s "
+                         f"(O(N^2), extrapolated, not run)")
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, 1 repeat (CI smoke test)")
@@ -157,12 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         print_row(hrow)
         rows.append(hrow)
     if args.large:
-        h = synthetic_hashes(args.large, seed=1)
-        t0 = time.perf_counter()
-        i, _, _ = pairs_within(h, args.k, workers=args.workers)
-        dt = time.perf_counter() - t0
-        print(f"== ours alone on {args.large:,} hashes: {dt:.1f} s, {len(i)} pairs; flat search is O(N^2): "
-              f"1,000,000 hashes ~ {dt * (1e6 / args.large) ** 2:.0f} s (extrapolated)")
+        rows.append(bench_large(args.large, args.k, args.workers))
+        print_row(rows[-1])
     if args.json:
         args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=2) + "\n")
     return 0 if all(r.equal for r in rows) else 1

@@ -59,7 +59,9 @@ def print_row(row: Row) -> None:
     for side in row.times:
         med, lo, hi = row.stats(side)
         print(f"   {side:<34} median {med:9.4f} s  [min {lo:.4f}, max {hi:.4f}]  n={len(row.times[side])}")
-    print(f"   ratio ours / best competitor: {row.ratio():.2f}  ({'ours faster' if row.ratio() < 1 else 'ours SLOWER'})")
+    r = row.ratio()
+    verdict = "no competitor run" if r != r else "ours faster" if r < 1 else "ours SLOWER"
+    print(f"   ratio ours / best competitor: {r:.2f}  ({verdict})")
     print(f"   value check: {row.check}: {'EQUAL' if row.equal else 'DIFFERENT'}")
     for n in row.notes:
         print(f"   note: {n}")

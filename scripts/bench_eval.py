@@ -11,7 +11,9 @@ exists with its record. Then, repeats interleaved:
   same batched forward (channels-last when the run uses it), upsampling and threshold, NumPy TP/FP/FN per
   image and medpy ``hd95`` per image with both masks non-empty; nothing written.
 
-Value check: the plain script's TP/FP/FN equal every row of ours' ``counts.parquet``.
+Value check: the plain script's TP/FP/FN equal every row of ours' ``counts.parquet``, except pixels whose
+probability lies within 1e-5 of the threshold (a forward in another batching may round them to the other
+side: measured 1 pixel of 16 x 36,864 on 2026-12-02); the check counts those and allows exactly them.
 
 Usage: ``python scripts/bench_eval.py [--quick] [--n-test 100] [--repeats 3] [--json OUT]``; ``--quick`` = 16 test
 images, 1 repeat.
@@ -47,6 +49,10 @@ from msb.evaluation.evaluator import evaluate_checkpoint  # noqa: E402
 from msb.models.registry import build_model  # noqa: E402
 
 
+#: Probability distance to the threshold within which a pixel may flip between two batchings (float rounding).
+_TIE = 1e-5
+
+
 def plain_script(run_dir: Path, cfg: RunConfig, ds, ids: list[str]) -> pd.DataFrame:
     """What a user writes: load the checkpoint, predict the cached inputs in batches, count with NumPy."""
     from medpy.metric.binary import hd95
@@ -70,12 +76,16 @@ def plain_script(run_dir: Path, cfg: RunConfig, ds, ids: list[str]) -> pd.DataFr
                 mpath = ds.mask_path(sid)
                 ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
                 up = F.interpolate(logits[k:k + 1], size=ref.shape[-2:], mode="bilinear", align_corners=False)[0]
-                pred = (torch.sigmoid(up) >= cfg.evaluation.threshold).numpy()
+                prob = torch.sigmoid(up)
+                pred = (prob >= cfg.evaluation.threshold).numpy()
+                # pixels this close to the threshold may fall either side in another batching (float rounding)
+                near = (torch.abs(prob - cfg.evaluation.threshold) < _TIE).numpy()
                 for c in range(pred.shape[0]):
                     p, r = pred[c], ref[c]
                     tp = int(np.count_nonzero(p & r))
                     rows.append({"image_id": sid, "class_id": ds.foreground_classes[c].class_id, "tp": tp,
                                  "fp": int(np.count_nonzero(p)) - tp, "fn": int(np.count_nonzero(r)) - tp,
+                                 "near": int(np.count_nonzero(near[c])),
                                  "hd95": hd95(p, r) if p.any() and r.any() else np.nan})
     return pd.DataFrame(rows)
 
@@ -119,10 +129,15 @@ def main(argv: list[str] | None = None) -> int:
             "plain script": lambda: plain_script(run_dir, cfg, ds, ids)}, args.repeats)
         ours = pd.read_parquet(vals["ours"].counts_path)
         m = ours.merge(vals["plain script"], on=["image_id", "class_id"], suffixes=("", "_plain"))
-        same = len(m) == len(ours) == len(vals["plain script"]) and all(
-            (m[c] == m[f"{c}_plain"]).all() for c in ("tp", "fp", "fn"))
+        d = {c: (m[c] - m[f"{c}_plain"]).abs() for c in ("tp", "fp", "fn")}
+        exact = (d["tp"] + d["fp"] + d["fn"] == 0)
+        # a pixel at the threshold flipped by rounding moves one unit between TP and FN, or one FP
+        tie = (d["tp"] + d["fp"] <= m["near"]) & ((m["tp"] + m["fn"]) == (m["tp_plain"] + m["fn_plain"]))
+        same = len(m) == len(ours) == len(vals["plain script"]) and bool((exact | tie).all())
         row.equal = bool(same)
-        row.check = f"{len(m)} of {len(ours)} (image, class) rows with identical TP/FP/FN"
+        row.check = (f"{len(m)} of {len(ours)} (image, class) rows; identical TP/FP/FN in {int(exact.sum())}, the "
+                     f"others within their pixels at |p - threshold| < {_TIE:g} "
+                     f"({int((d['tp'] + d['fp']).sum())} pixel(s) in all)")
         row.notes.append("ours also writes compressed prediction files, metrics.parquet and digests.json")
         print_row(row)
         if args.json:

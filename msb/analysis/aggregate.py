@@ -32,6 +32,8 @@ from rich.table import Table
 
 from msb.analysis.count_scores import (ALL_METRICS, dice_from_counts, iou_from_counts, precision_from_counts,
                                        ratio_or_nan, recall_from_counts, score_from_counts)
+from msb.analysis.aggregate_core import (ALL_RULES, DEFAULT_GROUP, GROUPINGS, IMAGE_COLUMNS, POOL_FOLDS_GROUP,
+                                        SCORE_COLUMNS, aggregate_arrays as _aggregate_arrays)
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path
 
@@ -41,21 +43,6 @@ __all__ = [
     "iou_from_counts", "precision_from_counts", "recall_from_counts", "reaggregate",
     "render_scores_table", "score_from_counts", "score_table", "scores_wide", "write_scores",
 ]
-
-#: Aggregation rules, in output order.
-ALL_RULES: tuple[str, ...] = ("global-micro", "image-macro", "class-macro")
-#: Default grouping of :func:`reaggregate`: one group per evaluated run x checkpoint role.
-DEFAULT_GROUP: tuple[str, ...] = ("dataset", "split", "model", "run_id", "checkpoint_role", "fold")
-#: Grouping that pools every run (e.g. all folds) of a model on a dataset split.
-POOL_FOLDS_GROUP: tuple[str, ...] = ("dataset", "split", "model", "checkpoint_role")
-#: Named groupings (for a CLI option).
-GROUPINGS: dict[str, tuple[str, ...]] = {"run": DEFAULT_GROUP, "folds": POOL_FOLDS_GROUP}
-#: Columns identifying one image (a counts key without ``class_id``): the same ``image_id`` in two
-#: runs is two images.
-IMAGE_COLUMNS: tuple[str, ...] = ("dataset", "split", "fold", "run_id", "checkpoint_role", "image_id")
-#: Columns of the long table returned by :func:`reaggregate`, after the group columns.
-SCORE_COLUMNS: tuple[str, ...] = ("aggregation", "metric", "value", "n_images", "n_classes",
-                                  "n_units", "n_excluded")
 
 _METRIC_LABELS = {"dice": "Dice", "iou": "IoU", "precision": "Precision", "recall": "Recall"}
 
@@ -141,31 +128,6 @@ def _group_codes(df: pd.DataFrame, group_by: Sequence[str]) -> tuple[np.ndarray,
     codes = gb.ngroup().to_numpy(dtype=np.int64)
     keys = [k if isinstance(k, tuple) else (k,) for k in gb.size().index]
     return codes, keys
-
-
-def _aggregate_arrays(rule: str, metric: str, tp: np.ndarray, fp: np.ndarray, fn: np.ndarray,
-                      class_codes: np.ndarray, n_classes: int) -> tuple[float, int, int]:
-    """Core of :func:`aggregate` on int arrays; ``class_codes`` in ``0..n_classes-1``."""
-    if rule == "global-micro":
-        s = score_from_counts(metric, tp.sum(), fp.sum(), fn.sum())
-        v = float(s)
-        return v, 1, int(np.isnan(v))
-    if rule == "class-macro":
-        sums = [np.bincount(class_codes, weights=a, minlength=n_classes) for a in (tp, fp, fn)]
-        scores = score_from_counts(metric, *sums)
-        defined = ~np.isnan(scores)
-        value = float(scores[defined].mean()) if defined.any() else float("nan")
-        return value, int(n_classes), int((~defined).sum())
-    if rule == "image-macro":
-        scores = score_from_counts(metric, tp, fp, fn)
-        defined = ~np.isnan(scores)
-        sums = np.bincount(class_codes[defined], weights=scores[defined], minlength=n_classes)
-        counts = np.bincount(class_codes[defined], minlength=n_classes)
-        class_means = ratio_or_nan(sums, counts)
-        ok = ~np.isnan(class_means)
-        value = float(class_means[ok].mean()) if ok.any() else float("nan")
-        return value, int(len(scores)), int((~defined).sum())
-    raise MSBError(f"unknown aggregation rule {rule!r}; choose from {list(ALL_RULES)}")
 
 
 def aggregate(df: pd.DataFrame, rule: str, metric: str, *, label: str | None = None) -> AggregateResult:

@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from msb.analysis.counts_files import COUNTS_FILENAME, OPTIONAL_COLUMNS, find_counts_files
 from msb.errors import MSBError
 # the counts schema and its pure row checks (no inference code)
 from msb.evaluation.counts import (
@@ -40,9 +41,6 @@ from msb.utils.evaluation_folder import check_counts_digest, regenerate_command,
 
 __all__ = ["COUNTS_FILENAME", "OPTIONAL_COLUMNS", "CountsReadReport", "find_counts_files", "read_counts",
            "read_counts_with_report"]
-
-#: File name searched for when a folder is given.
-COUNTS_FILENAME = "counts.parquet"
 
 #: How many conflicting keys an error message lists.
 _MAX_LISTED = 5
@@ -66,48 +64,6 @@ class CountsReadReport:
     n_duplicates_dropped: int
     n_rows: int
     notes: tuple[str, ...] = field(default=())
-
-
-def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> list[Path]:
-    """Expand files and folders into a list of count files.
-
-    Args:
-        paths: one path or a list; a file is taken as is, a folder contributes every
-            ``counts.parquet`` below it (recursively, sorted), except those inside hidden folders
-            (``.<name>...``: staging folders of interrupted writes, caches).
-
-    Returns:
-        List of file paths in argument order.
-
-    Raises:
-        MSBError: a path does not exist; a folder holds no ``counts.parquet``; no paths given.
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    paths = list(paths)
-    if not paths:
-        raise MSBError("no count files given; pass one or more counts.parquet files or run folders")
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(p.rglob(COUNTS_FILENAME))
-            found = [f for f in found if f.is_file()
-                     and not any(part.startswith(".") for part in f.relative_to(p).parts[:-1])]
-            if not found:
-                raise MSBError(f"{p}: folder contains no {COUNTS_FILENAME} (searched recursively); "
-                               f"run the evaluator first or pass the right folder")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise MSBError(f"{p}: counts file not found; pass an existing {COUNTS_FILENAME} "
-                           f"file or a folder containing one")
-    return files
-
-
-#: Columns that :func:`read_counts_with_report` may leave unread when asked for fewer columns: they take no
-#: part in the row checks or the duplicate keys (the two SHA-256 columns alone are 128 bytes a row).
-OPTIONAL_COLUMNS: tuple[str, ...] = ("checkpoint_sha256", "config_hash", "class_name", "source", "model")
 
 
 def _read_one(path: Path, skip: frozenset[str] = frozenset()) -> tuple[pd.DataFrame, bool]:

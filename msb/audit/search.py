@@ -10,7 +10,9 @@ threads (numpy releases the GIL inside these ufuncs).
 When ``faiss`` (package ``faiss-cpu``) is importable, :func:`pairs_within` uses its exhaustive binary index
 instead (``faiss.IndexBinaryFlat`` range search, Johnson, Douze & Jégou 2019, "Billion-scale similarity search
 with GPUs"; SIMD popcount over the packed codes, OpenMP threads): the same pairs and distances, measured
-3-5x faster at 50,000 hashes (``docs/performance.md``). The NumPy path above is the fallback.
+3-5x faster at 50,000 hashes (``docs/performance.md``). The NumPy path above is the fallback. For large sets
+(``auto``: from :data:`MIH_MIN` hashes, when its work model says so) both exhaustive searches give way to exact
+multi-index hashing (:mod:`msb.audit.mih`): near-linear instead of ``N^2 / 2`` comparisons.
 
 Clusters: the relation "linked by a candidate pair" is closed transitively (single linkage) with
 ``scipy.sparse.csgraph.connected_components``, which gives the same partition as union-find.
@@ -33,6 +35,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 HAS_FAISS = _faiss is not None
 #: Queries per faiss range search call (bounds the memory of one call's result lists).
 _FAISS_QUERIES = 65_536
+
+#: Smallest hash set for which ``backend="auto"`` considers multi-index hashing (:mod:`msb.audit.mih`).
+MIH_MIN = 20_000
+#: Exhaustive comparisons per unit of the MIH work model at equal time (measured 27 at 100,000 hashes, k = 8,
+#: against faiss's flat search on 2 threads; modelled break-even ~10,000 hashes; docs/performance.md).
+_MIH_UNIT = 30
 
 _BYTE_POPCOUNT = np.array([bin(v).count("1") for v in range(256)], dtype=np.uint8)
 HAS_BITWISE_COUNT = hasattr(np, "bitwise_count")
@@ -68,8 +76,8 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1,
         k: maximum Hamming distance (0..64).
         block: rows per block of the NumPy path (memory ``~ 10 * block * N`` bytes per worker).
         workers: threads (NumPy blocks, or faiss's OpenMP threads).
-        backend: ``"auto"`` (faiss when installed, else NumPy), ``"faiss"`` or ``"numpy"``; both give the
-            same result.
+        backend: ``"auto"`` (multi-index hashing for large sets, see :data:`MIH_MIN`; else faiss when installed,
+            else NumPy), ``"mih"``, ``"faiss"`` or ``"numpy"``; all give the same result.
 
     Returns:
         ``(i, j, d)``: ``int64``, ``int64``, ``uint8`` arrays sorted by ``(i, j)``.
@@ -83,10 +91,14 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1,
         raise ValueError(f"k must be in 0..64, got {k}")
     if block < 1 or workers < 1:
         raise ValueError("block and workers must be >= 1")
-    if backend not in ("auto", "faiss", "numpy"):
-        raise ValueError(f"backend must be 'auto', 'faiss' or 'numpy', got {backend!r}")
+    if backend not in ("auto", "mih", "faiss", "numpy"):
+        raise ValueError(f"backend must be 'auto', 'mih', 'faiss' or 'numpy', got {backend!r}")
     if backend == "faiss" and not HAS_FAISS:
         raise ValueError("backend 'faiss' needs the faiss-cpu package: pip install faiss-cpu")
+    if backend == "mih" or (backend == "auto" and _mih_pays(len(h), int(k))):
+        from msb.audit.mih import pairs_mih
+
+        return pairs_mih(h, int(k))
     if backend != "numpy" and HAS_FAISS:
         return _pairs_faiss(h, int(k), workers)
     n = len(h)
@@ -128,6 +140,16 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1,
     d = np.concatenate([p[2] for p in parts])
     order = np.lexsort((j, i))
     return i[order], j[order], d[order]
+
+
+def _mih_pays(n: int, k: int) -> bool:
+    """Whether multi-index hashing is modelled faster than an exhaustive search of ``n`` hashes within ``k``."""
+    if n < MIH_MIN:
+        return False
+    from msb.audit.mih import choose_substrings
+
+    m, cost = choose_substrings(n, k)
+    return m > 0 and cost * _MIH_UNIT < n * (n - 1) / 2
 
 
 def _pairs_faiss(h: np.ndarray, k: int, workers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

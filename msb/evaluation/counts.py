@@ -18,15 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from msb.utils.atomic import atomic_path
 
+if TYPE_CHECKING:  # imported where used: the schema constants serve pandas-free readers (reaggregate_fast)
+    import pandas as pd  # lazily: the schema constants serve pandas-free readers
 __all__ = [
     "COUNTS_SCHEMA_VERSION",
     "PROTOCOL_DEFAULTS",
@@ -240,6 +241,7 @@ def counts_rows(
         ValueError: missing/unknown context keys, bad ``threshold_on``, length mismatches, or
             counts whose ``tp + fp + fn + tn`` differs from ``height * width``.
     """
+    import pandas as pd  # lazily: the schema constants serve pandas-free readers
     context = {**PROTOCOL_DEFAULTS, **context}
     missing = [k for k in RUN_CONTEXT_COLUMNS if k not in context]
     unknown = [k for k in context if k not in RUN_CONTEXT_COLUMNS]
@@ -311,6 +313,7 @@ def counts_rows(
 
 def _coerce(df: pd.DataFrame) -> pd.DataFrame:
     """Cast columns to the schema dtypes (strings to pandas' string dtype)."""
+    import pandas as pd  # lazily: the schema constants serve pandas-free readers
     out = {}
     for col, kind in COUNTS_COLUMNS.items():
         s = df[col]
@@ -331,6 +334,7 @@ def validate_counts_frame(df: pd.DataFrame) -> list[str]:
     :data:`THRESHOLD_ON_VALUES`. Row problems name the first offending row (``image_id``,
     ``class_id``). An empty list means the frame is valid.
     """
+    import pandas as pd  # lazily: the schema constants serve pandas-free readers
     problems: list[str] = []
     missing = [c for c in COUNTS_COLUMNS if c not in df.columns]
     extra = [c for c in df.columns if c not in COUNTS_COLUMNS]

@@ -11,7 +11,7 @@ from scipy import stats
 from msb.analysis.aggregate import ALL_RULES, aggregate
 from msb.analysis.bootstrap import (bootstrap_mean, bootstrap_rule, bootstrap_rules, paired_difference,
                                     percentile_interval, resample_indices, resample_weights)
-from msb.analysis.rules import image_table
+from msb.analysis.rules import image_table, rule_values
 from msb.errors import MSBError
 
 
@@ -130,3 +130,21 @@ def test_bad_arguments_and_mismatched_images():
         paired_difference(t, other, "image-macro", "dice", n_boot=10)
     with pytest.raises(MSBError, match="aligned"):
         bootstrap_rule([t, other], "image-macro", "dice", n_boot=10)
+
+
+@pytest.mark.parametrize("rule", ["global-micro", "pooled-foreground", "image-macro", "image-class-mean",
+                                  "image-foreground"])
+@pytest.mark.parametrize("metric", ["dice", "iou", "precision", "recall"])
+def test_gathered_rules_equal_the_weights_path(rule, metric):
+    """The gather path (msb.analysis.bootstrap._gather_kernel) gives the weights path's replicates: the rule
+    kernel rule_values on the resampling counts of the same draws (two classes for the class-pooling rules,
+    fold strata; single-class image-macro on a one-class table)."""
+    two = pd.concat([random_counts(90, seed=4, folds=3), random_counts(90, seed=5, folds=3).assign(class_id=2)])
+    df = random_counts(90, seed=4, folds=3) if rule == "image-macro" else two
+    t = image_table(df)
+    res = bootstrap_rule(t, rule, metric, n_boot=70, seed=2)[0]
+    w = np.concatenate(list(resample_weights(90, 70, seed=2, strata=t.keys["fold"].to_numpy())))
+    ref = rule_values(t, rule, metric, w)
+    assert np.array_equal(np.isnan(res.replicates), np.isnan(ref))
+    assert np.nanmax(np.abs(res.replicates - ref)) <= 1e-12
+    assert res.n_strata == 3 and np.isfinite(res.replicates).sum() >= 60

@@ -131,3 +131,39 @@ def test_exact_and_component_labels() -> None:
     lab = component_labels(7, np.array([0, 3, 1]), np.array([3, 5, 2]))
     assert lab.tolist() == [0, 1, 1, 0, 2, 0, 3]
     assert component_labels(3, np.zeros(0, np.int64), np.zeros(0, np.int64)).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("m,k", [(3, 8), (4, 8), (4, 3), (9, 8), (3, 0), (8, 16)])
+def test_multi_index_hashing_equals_the_exhaustive_search(m: int, k: int) -> None:
+    """MIH (msb.audit.mih) on random + planted hashes (near copies, an exact copy, a bucket of 40 equal
+    substrings, pairs at exactly k and k + 1 bits) gives the NumPy exhaustive result, pair for pair."""
+    from msb.audit.mih import pairs_mih
+
+    rng = np.random.default_rng(k * 10 + m)
+    h = planted_hashes(3000, m)
+    h[100:140] = (h[100:140] & np.uint64(0xFFFFFFFFFFE00000)) | np.uint64(12345)  # one crowded low substring
+    kk = min(k, 63)
+    h[200] = np.uint64(0)
+    h[201] = np.uint64((1 << kk) - 1)  # distance kk
+    h[202] = np.uint64((1 << (kk + 1)) - 1) << np.uint64(1) if kk < 63 else np.uint64(2**64 - 1)
+    h[300:310] = rng.integers(0, 2**63, 10, dtype=np.uint64)
+    ref = pairs_within(h, k, block=512, backend="numpy")
+    got = pairs_mih(h, k, m=m)
+    assert len(ref[0]) >= (250 if k >= 3 else 60)  # the planted pairs (random pairs this close: ~1e-9)
+    for a, b in zip(got, ref):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert [len(x) for x in pairs_mih(h[:1], k, m=m)] == [0, 0, 0]
+
+
+def test_auto_uses_mih_only_for_large_sets(monkeypatch) -> None:
+    assert not search._mih_pays(10_000, 8)  # below MIH_MIN: the flat search
+    assert search._mih_pays(50_000, 8)
+    assert search._mih_pays(1_000_000, 8) and not search._mih_pays(1_000_000, 40)  # k = 40: masks explode
+    monkeypatch.setattr(search, "MIH_MIN", 100)
+    h = planted_hashes(2000, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(pairs_within(h, 6), pairs_within(h, 6, backend="numpy")))
+    assert all(np.array_equal(a, b) for a, b in zip(pairs_within(h, 6, backend="mih"), pairs_within(h, 6)))
+    from msb.audit.mih import pairs_mih
+
+    with pytest.raises(ValueError):
+        pairs_mih(h, 6, m=2)  # 32-bit substrings: a bucket table of 2**32 entries is refused
