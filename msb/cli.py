@@ -104,6 +104,11 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     _print_scores(table, fmt)
     log(f"scores written to {', '.join(str(p) for p in written)}")
     _print_leaderboards(counts, out_dir, fmt)
+    from msb.config.generate import load_study
+    from msb.study.analyses import run_declared_analyses
+
+    if not worker:  # the study file's `analyses:` (docs/protocols.md); workers leave them to a plain run
+        run_declared_analyses(load_study(study)[0], out_dir, log)
 
 
 @app.command()

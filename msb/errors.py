@@ -13,3 +13,10 @@ class MSBError(Exception):
 
     The message must name the file, row or key at fault and say what to do.
     """
+
+
+class SizeNotDivisibleError(MSBError):
+    """``data.input_size`` is not a multiple of the architecture's ``size_divisor`` (raised at generation).
+
+    A study whose ``axes`` vary ``data.input_size`` records it as an exclusion of that architecture at that size
+    instead of failing (``_study/exclusions.csv``), unless no architecture can run the size."""

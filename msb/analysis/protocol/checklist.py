@@ -59,7 +59,8 @@ def _recall_item(counts: pd.DataFrame) -> ChecklistItem:
 
 def _split_item(counts: pd.DataFrame) -> ChecklistItem:
     pol = sorted(set(counts["split_policy"].astype(str)))
-    fam = sorted({protocol_family(p) for p in pol})
+    # external sets are "external-only" by definition: beside one training protocol that is not a second protocol
+    fam = sorted({protocol_family(p) for p in pol if p != "external-only"})
     if "unknown" in pol or "unspecified" in pol:
         return ChecklistItem(PSRC_ITEMS[2], False, f"split policy not recorded for some counts rows (found {pol}); "
                                                    f"re-evaluate with this msb to record split_policy")

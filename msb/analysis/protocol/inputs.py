@@ -56,7 +56,8 @@ class StudyArtifacts:
             folder, or None.
         runs: run folders (``config.yaml``) by run id.
         excluded: recorded exclusions (``architecture``, ``input_size``, ``reason``) from ``excluded.json`` files
-            below ``_study/`` (a list of objects with those keys), possibly empty.
+            below ``_study/`` (a list of objects with those keys, or ``{"excluded": [...]}``) and from
+            ``_study/exclusions.csv`` (written by ``msb run``), one row per architecture x size, possibly empty.
         notes: what was found missing or read unverified.
     """
 
@@ -258,7 +259,17 @@ def _read_excluded(study_dir: Path) -> pd.DataFrame:
         for item in data if isinstance(data, list) else data.get("excluded", []):
             rows.append({"architecture": str(item.get("architecture", item.get("arch", ""))),
                          "input_size": int(item.get("input_size", -1)), "reason": str(item.get("reason", ""))})
-    return pd.DataFrame(rows, columns=["architecture", "input_size", "reason"])
+    csv = study_dir / "_study" / "exclusions.csv"  # written by msb run: divisor (generation) + out of memory
+    if csv.is_file():
+        try:
+            t = pd.read_csv(csv, dtype={"architecture": str, "reason": str}, keep_default_na=False)
+            rows += [{"architecture": str(r.architecture), "input_size": int(r.input_size), "reason": str(r.reason)}
+                     for r in t.itertuples()]
+        except (OSError, ValueError, AttributeError, pd.errors.ParserError) as e:
+            raise MSBError(f"{csv}: unreadable exclusions table ({e}); it needs the columns unit, dataset, "
+                           f"architecture, input_size, reason; rerun `msb run` to rewrite it") from None
+    out = pd.DataFrame(rows, columns=["architecture", "input_size", "reason"])
+    return out.drop_duplicates(["architecture", "input_size"]).reset_index(drop=True)
 
 
 def load_study(study_dir: str | Path, exclude: tuple[Path, ...] = ()) -> StudyArtifacts:
