@@ -34,8 +34,8 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
         The files written (profile tables first, ``protocol/skipped.json`` last); ``[]`` without ``analyses``.
 
     Raises:
-        MSBError: an unknown analysis name, mixed split protocols (unless ``allow_mixed_protocols``), a
-            profiling error (e.g. ``device: cuda`` without a GPU), damaged artifacts.
+        MSBError: an unknown analysis name, a profiling error (e.g. ``device: cuda`` without a GPU), damaged
+            artifacts. A split-protocol refusal is logged and recorded in ``protocol/skipped.json`` instead.
     """
     a = spec.analyses
     if a is None:
@@ -63,7 +63,7 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
             written += list(res.paths)
     opts = {"allow_mixed_protocols": a.allow_mixed_protocols, "seed": a.seed, "level": a.level,
             "n_boot": a.n_boot, "n_boot_resolution": a.n_boot}
-    out = write_protocol_analyses(study_dir, names, None, **opts)
+    out = write_protocol_analyses(study_dir, names, None, refusals_as_skips=True, **opts)
     written += out
     import json
 

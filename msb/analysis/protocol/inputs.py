@@ -41,6 +41,7 @@ CONTEXT_DEFAULTS: dict[str, object] = dict(PROTOCOL_DEFAULTS)  # one definition:
 _FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
 _HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
 _ENSEMBLE = re.compile(r"-ensemble\d*$")
+EXTERNAL_ONLY = "external-only"  # msb.evaluation.protocol_context.split_policy_name of an external set
 _SEED_PARAM = re.compile(r"(^|[(,;\s])seed=(-?\d+)")
 
 
@@ -100,7 +101,8 @@ def split_seed(policy: str) -> int | None:
 
 
 def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, family: bool = False) -> None:
-    """Refuse to rank or tabulate together rows of different split protocols.
+    """Refuse to rank or tabulate together rows of different split protocols (``external-only`` rows, the
+    external sets evaluated by the study's models, go with any one training protocol).
 
     Args:
         df: counts rows with ``split_policy``.
@@ -114,6 +116,9 @@ def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, f
     if allow_mixed or "split_policy" not in df.columns or len(df) == 0:
         return
     vals = df["split_policy"].astype(str)
+    # an external set is evaluated "external-only" by the models of the study's training protocol: beside that
+    # one protocol it is not a second one (a P1 table with internal and external test sets is one protocol)
+    vals = vals[vals != EXTERNAL_ONLY]
     found = sorted(set(vals.map(protocol_family) if family else vals))
     if len(found) > 1:
         raise MSBError(f"{what}: rows come from different split protocols {found}; numbers from different "

@@ -29,3 +29,18 @@ def test_excluded_pair_is_named_in_the_resolution_notes(tmp_path: Path):
     assert "segf" not in set(table["Architecture"]) and len(table) >= 1
     tidy_notes = pd.read_csv(study / "protocol" / "data" / "resolution_delta_notes.csv")["note"].tolist()
     assert tidy_notes == notes
+
+
+def test_external_only_rows_go_with_the_training_protocol():
+    """External-set rows (split_policy external-only) beside one k-fold protocol are one protocol; two training
+    protocols are still refused."""
+    import pytest
+
+    from msb.analysis.protocol.inputs import check_one_protocol
+    from msb.errors import MSBError
+
+    ok = pd.DataFrame({"split_policy": ["kfold(k=3,folds=3479856d)", "external-only", "external-only"]})
+    check_one_protocol(ok, "Wilcoxon tests")
+    bad = pd.DataFrame({"split_policy": ["kfold(k=3,folds=3479856d)", "fixed", "external-only"]})
+    with pytest.raises(MSBError, match=r"different split protocols \['fixed', 'kfold\(k=3,folds=3479856d\)'\]"):
+        check_one_protocol(bad, "Wilcoxon tests")
