@@ -48,7 +48,10 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
     from msb.config.generate import generate_runs, write_run_config
     from msb.engine.runner import study_dir
 
-    runs = generate_runs(study)
+    excluded: list = []  # an architecture that cannot run a size of the input-size axis (docs/protocols.md)
+    runs = generate_runs(study, excluded)
+    for e in excluded:
+        log(f"excluded {e['unit']}: {e['reason']}")
     table = Table(title=f"runs of {study}")
     for col in ("run_id", "dataset", "architecture", "config_hash", "folder"):
         table.add_column(col)
