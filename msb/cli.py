@@ -48,7 +48,10 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
     from msb.config.generate import generate_runs, write_run_config
     from msb.engine.runner import study_dir
 
-    runs = generate_runs(study)
+    excluded: list = []  # an architecture that cannot run a size of the input-size axis (docs/protocols.md)
+    runs = generate_runs(study, excluded)
+    for e in excluded:
+        log(f"excluded {e['unit']}: {e['reason']}")
     table = Table(title=f"runs of {study}")
     for col in ("run_id", "dataset", "architecture", "config_hash", "folder"):
         table.add_column(col)
@@ -104,6 +107,11 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     _print_scores(table, fmt)
     log(f"scores written to {', '.join(str(p) for p in written)}")
     _print_leaderboards(counts, out_dir, fmt)
+    from msb.config.generate import load_study
+    from msb.study.analyses import run_declared_analyses
+
+    if not worker:  # the study file's `analyses:` (docs/protocols.md); workers leave them to a plain run
+        run_declared_analyses(load_study(study)[0], out_dir, log)
 
 
 @app.command()
@@ -351,26 +359,13 @@ def explain(paths: List[str] = typer.Argument(..., help="Run folder(s) runs/<stu
     log(f"overlays and CAMs written under {res.out_dir} (summary: {res.out_dir / 'explain.csv'})")
 
 
-@app.command("models")
-def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root (holds architectures/)."),
-                params: bool = typer.Option(False, "--params", help="Also build each model and count its parameters "
-                                            "(slow for the PVT-based ones)."),
-                format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
-    """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
-    from msb.cli_format import emit_frame
-    from msb.cli_models import architecture_catalog
-    from msb.models.registry import available_architectures
-
-    emit_frame(architecture_catalog(configs, params), resolve_format(format), f"Architecture configs in {configs}")
-    log(f"registry adapters: {', '.join(available_architectures())}")
-
-
 import msb.cli_data  # noqa: E402,F401 - registers ``msb data ...`` (after the commands above)
 import msb.cli_audit  # noqa: E402,F401 - registers ``msb audit``
 import msb.cli_metrics  # noqa: E402,F401 - registers ``msb metrics`` (boundary/lesion/legacy metrics)
 import msb.cli_score  # noqa: E402,F401 - registers ``msb score`` (external prediction folders)
 import msb.cli_weights  # noqa: E402,F401 - registers ``msb weights list|fetch``
 import msb.cli_contrasts  # noqa: E402,F401 - registers ``msb contrasts`` (training-pool contrasts)
+import msb.cli_catalog  # noqa: E402,F401 - registers ``msb models`` (architecture configs)
 
 
 def _click_exception_types() -> tuple[type[BaseException], ...]:

@@ -20,3 +20,10 @@ class AuditFailed(MSBError):
 
     The message names the failed checks with their counts, the audit folder and what to do.
     """
+
+
+class SizeNotDivisibleError(MSBError):
+    """``data.input_size`` is not a multiple of the architecture's ``size_divisor`` (raised at generation).
+
+    A study whose ``axes`` vary ``data.input_size`` records it as an exclusion of that architecture at that size
+    instead of failing (``_study/exclusions.csv``), unless no architecture can run the size."""

@@ -8,6 +8,7 @@ images: rows are paired on :data:`msb.analysis.rules.PAIR_KEY` (``dataset, split
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,12 +19,13 @@ import pandas as pd
 from msb.analysis.rules import PAIR_KEY, ImageTable, image_table
 from msb.errors import MSBError
 
-__all__ = ["SYSTEM_BY", "System", "find_systems", "comparison_blocks", "align_tables"]
+__all__ = ["SYSTEM_BY", "System", "find_systems", "variant_slug", "comparison_blocks", "align_tables"]
 
 #: Ways to define a system: ``run`` (run id, fold token removed) or ``model`` (registry name).
 SYSTEM_BY: tuple[str, ...] = ("run", "model")
 _FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
 _HASH_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+_ENSEMBLE_SUFFIX = re.compile(r"-ensemble\d*$")
 _MAX_LISTED = 5
 
 
@@ -50,12 +52,42 @@ class System:
         return image_table(self.rows, f"system {self.label!r}")
 
 
-def _name(run_id: str, dataset: str, is_fold: bool = False) -> str:
+def variant_slug(variant: str) -> str:
+    """Folder-style name of a counts row's ``variant`` (its study-axis values, ``key=<JSON>;...``), the same
+    spelling as the study unit names (:func:`msb.config.generate.axes_slug`): last key part + value, lists joined
+    by ``x``, axes joined by ``-``; e.g. ``data.input_size=[128,128];random_seed=1`` ->
+    ``input_size128x128-random_seed1``; ``""`` for no variant."""
+    def value(v: object) -> str:
+        if isinstance(v, (list, tuple)):
+            return "x".join(value(x) for x in v)
+        if isinstance(v, dict):
+            return "_".join(f"{k}{value(v[k])}" for k in sorted(v))
+        return str(v)
+
+    parts = []
+    for item in sorted(t for t in str(variant).split(";") if "=" in t):
+        key, raw = item.split("=", 1)
+        try:
+            val = json.loads(raw)
+        except ValueError:
+            val = raw
+        parts.append(f"{key.split('.')[-1]}{value(val)}")
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
+
+
+def _name(run_id: str, dataset: str, is_fold: bool = False, variant: str = "") -> str:
     name = _FOLD_TOKEN.sub("", run_id)
     if is_fold:  # fold runs differ by their config hash too: <dataset>-<arch>-<hash8>
         name = _HASH_SUFFIX.sub("", name)
     prefix = f"{dataset}-"
-    return name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else name
+    name = name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else name
+    slug = variant_slug(variant)
+    if slug and not name.endswith(f"-{slug}") and f"-{slug}-" not in name:
+        # runs of one architecture at two axis values (e.g. input sizes 256 and 512 of one study) would
+        # otherwise share a label once the config hash is removed
+        ens = _ENSEMBLE_SUFFIX.search(name)
+        name = (name[:ens.start()] + f"-{slug}" + name[ens.start():]) if ens else f"{name}-{slug}"
+    return name
 
 
 def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
@@ -69,7 +101,9 @@ def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
             saw different images (cross-validation on held-out folds); when the folds saw the same images
             (every fold evaluated on one test or external set), each fold is its own system
             (``<name>-fold<k>``) beside the fold ensemble, so that no image is counted twice;
-            ``"model"``: one per ``model`` value.
+            ``"model"``: one per ``model`` value. Rows with a study ``variant`` (axes, e.g. two input sizes of one
+            study) get its slug (:func:`variant_slug`) in the name, before any ``-ensemble`` suffix:
+            ``unet_r18-input_size128x128-fold0``, ``unet_r18-<hash8>-input_size128x128-ensemble``.
 
     Returns:
         Systems sorted by dataset, split, label; labels get ``@<role>`` appended when the table holds more
@@ -82,9 +116,15 @@ def find_systems(df: pd.DataFrame, by: str = "run") -> list[System]:
         raise MSBError(f"unknown system definition {by!r}; choose from {list(SYSTEM_BY)}")
     if len(df) == 0:
         raise MSBError("no count rows: nothing to compare")
-    names = (df["model"].astype(str) if by == "model"
-             else pd.Series([_name(r, d, f >= 0) for r, d, f in zip(df["run_id"].astype(str), df["dataset"].astype(str),
-                                                                    df["fold"].to_numpy())], index=df.index))
+    variants = (df["variant"].astype(str) if "variant" in df.columns
+                else pd.Series([""] * len(df), index=df.index))
+    if by == "model":
+        names = pd.Series([m if not variant_slug(v) else f"{m}-{variant_slug(v)}"
+                           for m, v in zip(df["model"].astype(str), variants)], index=df.index)
+    else:
+        names = pd.Series([_name(r, d, f >= 0, v) for r, d, f, v in
+                           zip(df["run_id"].astype(str), df["dataset"].astype(str), df["fold"].to_numpy(), variants)],
+                          index=df.index)
     roles = df["checkpoint_role"].astype(str)
     several_roles = roles.nunique() > 1
     out = []

@@ -27,6 +27,7 @@ pool's definition; its slug is the pool name) and ``random_seed`` after the stud
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -36,8 +37,8 @@ from pydantic import Field
 
 from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
 from msb.config.schema import RunConfig, StrictModel
-from msb.errors import MSBError
-from msb.config.study_spec import CrossValidationSpec, FinalSpec, SearchSpec
+from msb.errors import MSBError, SizeNotDivisibleError
+from msb.config.study_spec import AnalysesSpec, CrossValidationSpec, FinalSpec, SearchSpec
 from msb.config.pools_schema import ContrastsSpec, PoolSpec, pool_axes
 from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_json
@@ -67,6 +68,8 @@ class StudySpec(StrictModel):
     pools: list[PoolSpec] = Field(default_factory=list)
     seeds: list[int] = Field(default_factory=list)
     contrasts: Optional[ContrastsSpec] = None
+    # protocol analyses written at the end of msb run (docs/protocols.md); not part of any unit's spec hash
+    analyses: Optional[AnalysesSpec] = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ def _check_model_fits(cfg: RunConfig, prov: Provenance, default_file: str) -> No
     if h % div or w % div:
         size_file = prov.get(("data", "input_size"), prov.get(("data",), default_file))
         up = (-(-h // div) * div, -(-w // div) * div)
-        raise MSBError(f"{size_file}: key 'data.input_size': {h}x{w} is not a multiple of {div}, which "
+        raise SizeNotDivisibleError(f"{size_file}: key 'data.input_size': {h}x{w} is not a multiple of {div}, which "
                        f"'{cfg.model.arch}' needs; use e.g. [{up[0]}, {up[1]}]")
 
 
@@ -224,13 +227,22 @@ def axes_slug(axes: dict[str, Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", "-".join(parts))
 
 
-def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
+def generate_runs(study_path: str | Path, exclusions: list[dict[str, Any]] | None = None) -> list[GeneratedRun]:
     """Merge the layers for every dataset x architecture (x axis combination) of the study and validate each
     run config.
 
+    Args:
+        study_path: the study YAML.
+        exclusions: when a list is given, an architecture whose ``size_divisor`` does not divide an input size
+            of the study axis ``data.input_size`` is appended to it as ``{"unit", "dataset", "architecture",
+            "input_size" (px, height), "reason"}`` and gets no run, instead of failing the study (the size may
+            suit the other architectures). A size that no architecture of a dataset can run still fails.
+
     Raises:
         MSBError: a missing layer file, bad YAML, an unknown key (naming its file and the closest valid key),
-            a value of the wrong type, or two runs with the same id.
+            a value of the wrong type, or two runs with the same id; an input size not divisible for the
+            architecture (:class:`~msb.errors.SizeNotDivisibleError`; with ``exclusions``: only when no
+            architecture of the dataset can run that axis value).
     """
     study_path = Path(study_path).resolve()
     spec, root = load_study(study_path)
@@ -241,6 +253,7 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
         for name in names:
             check_config_name(root, kind, name, study_path)
     for ds in spec.datasets:
+        failed: dict[str, list[tuple[str, SizeNotDivisibleError]]] = {}  # axis value -> (arch, error)
         ds_layer = load_layer(root / "datasets" / f"{ds}.yaml")
         check_keys(ds_layer.data, RunConfig, str(root / "datasets" / f"{ds}.yaml"), ds_layer.provenance)
         for arch in spec.architectures:
@@ -263,7 +276,18 @@ def generate_runs(study_path: str | Path) -> list[GeneratedRun]:
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
             axes = pool_axes(spec.pools, spec.seeds, spec.axes, str(study_path))
             for combo in axis_combinations(axes, str(study_path)):
-                runs.append(_one_run(spec, study_path, ds, arch, merged, prov, combo))
+                try:
+                    runs.append(_one_run(spec, study_path, ds, arch, merged, prov, combo))
+                except SizeNotDivisibleError as exc:
+                    if exclusions is None or "data.input_size" not in combo:
+                        raise
+                    failed.setdefault(json.dumps(combo["data.input_size"]), []).append((arch, exc))
+                    exclusions.append({"unit": f"{ds}-{arch}-{axes_slug(combo)}", "dataset": ds,
+                                       "architecture": arch, "input_size": int(combo["data.input_size"][0]),
+                                       "reason": f"input size not divisible: {exc}"})
+        for value, errs in failed.items():
+            if len(errs) == len(spec.architectures):  # no architecture can run it: a typo, not an exclusion
+                raise errs[0][1]
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise MSBError(f"{study_path}: two runs share one id; list each dataset and architecture once")
@@ -282,6 +306,12 @@ def _one_run(spec: StudySpec, study_path: Path, ds: str, arch: str, merged: dict
         except ValueError as exc:
             raise MSBError(f"{study_path}: key 'axes': {exc}") from None
         merged = deep_merge(merged, nested, f"{study_path} (axes)", prov)
+        params = (merged.get("model") or {}).get("params") or {}
+        if "data.input_size" in combo and "img_size" in params and "model.params.img_size" not in combo:
+            # an architecture whose input size is baked into the model (G-CASCADE's graph size,
+            # model.params.img_size) follows the input-size axis: one run per size
+            merged = deep_merge(merged, {"model": {"params": {"img_size": list(combo["data.input_size"])}}},
+                                f"{study_path} (axes: data.input_size -> model.params.img_size)", prov)
         merged["axes"] = combo
     if spec.final is not None:  # final.checkpoint / final.test_split set evaluation.* of every run
         ev = {k: v for k, v in (("checkpoint", spec.final.checkpoint), ("split", spec.final.test_split))

@@ -1,4 +1,5 @@
-"""Study-level keys of a study file: ``search``, ``cross_validation``, ``final`` (docs/studies.md).
+"""Study-level keys of a study file: ``search``, ``cross_validation``, ``final``, ``analyses`` (docs/studies.md,
+docs/protocols.md).
 
 These pydantic models are fields of :class:`msb.config.generate.StudySpec`; every key is optional and a study
 file without them behaves exactly as before (one run per dataset x architecture).
@@ -23,7 +24,8 @@ from msb.config.layering import check_keys, deep_merge
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError
 
-__all__ = ["SamplerSpec", "SearchSpec", "CrossValidationSpec", "ExternalSpec", "FinalSpec", "ParamDistribution",
+__all__ = ["SamplerSpec", "SearchSpec", "CrossValidationSpec", "ExternalSpec", "FinalSpec", "ProfileSpec",
+           "AnalysesSpec", "ParamDistribution",
            "grid_points", "param_distributions", "apply_params", "FORBIDDEN_PARAM_PREFIXES", "params_to_nested"]
 
 #: Run-config keys a search may not vary: they define the data, the split (and so the folds) or where runs go.
@@ -183,6 +185,37 @@ class ExternalSpec(StrictModel):
         if v is not None and (not v or "/" in v or "\\" in v or v in (".", "..")):
             raise ValueError(f"external name {v!r} must be a non-empty folder name without slashes")
         return v
+
+
+class ProfileSpec(StrictModel):
+    """``analyses.profile``: run ``msb profile --study`` (model-only timing at batch 1, docs/profiling.md) at the
+    end of ``msb run`` so that the efficiency table has its input. ``None`` values take the device's defaults
+    (cuda: 100 warm-up, 1,000 timed passes, 5 repeats; cpu: 10, 100, 3)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    warmup: Optional[int] = Field(default=None, ge=0)
+    timed_passes: Optional[int] = Field(default=None, ge=1)
+    repeats: Optional[int] = Field(default=None, ge=1)
+    batch_size: int = Field(default=1, ge=1)
+
+
+class AnalysesSpec(StrictModel):
+    """``analyses``: the protocol analyses (``msb.analysis.protocol``) that ``msb run`` writes into
+    ``runs/<study>/protocol/`` once every unit is done (docs/protocols.md).
+
+    - ``names``: analysis names or ``[all]``; checked against the registry when the analyses run.
+    - ``profile``: :class:`ProfileSpec` (profile the study's models first), or ``null`` (use a profile table
+      already below the study folder, else the efficiency table is skipped with its reason).
+    - ``n_boot``, ``seed``, ``level``: bootstrap replicates (Wilcoxon CIs and the resolution ΔDSC), seed, level.
+    - ``allow_mixed_protocols``: as ``--allow-mixed-protocols``.
+    """
+
+    names: list[str] = Field(default_factory=lambda: ["all"], min_length=1)
+    profile: Optional[ProfileSpec] = None
+    n_boot: int = Field(default=1000, ge=10)
+    seed: int = 0
+    level: float = Field(default=0.95, gt=0.0, lt=1.0)
+    allow_mixed_protocols: bool = False
 
 
 class FinalSpec(StrictModel):

@@ -38,7 +38,7 @@ def load_notifications(study_path: str | Path) -> tuple[NotificationsConfig, str
     try:
         from msb.config.generate import generate_runs
 
-        runs = generate_runs(study_path)
+        runs = generate_runs(study_path, [])  # excluded architecture x size units are no error here
         if runs:
             return runs[0].config.notifications, runs[0].config.study
     except Exception:

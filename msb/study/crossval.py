@@ -1,12 +1,14 @@
 """Phase 2 of a study, group-aware K-fold cross-validation of the selected configuration.
 
-``_study/<unit>/folds.csv`` is drawn once (:mod:`msb.study.folds`; the run config's split is kept in
-``_study/<unit>/split.csv``). Fold ``j`` (0-based, as in ``folds.csv`` and the counts' ``fold`` column) is the
+``_study/<unit>/folds.csv`` is drawn once per fold key (:func:`ensure_folds`: one ``_study/folds/<key>.csv`` shared
+by the units that differ only in input size, architecture or seed; :mod:`msb.study.folds`; the run config's split
+is kept in ``_study/<unit>/split.csv``). Fold ``j`` (0-based, as in ``folds.csv`` and the counts' ``fold`` column) is the
 run folder ``<selected run id>-fold<j>``: the selected config, ``split.csv`` from the folds and ``fold.json``;
 it is trained, evaluated on ``final.test_split`` and on every external set (:mod:`msb.study.evaluate`). Each fold
 is an optuna work item of the study ``<study>/<unit>/cv/...``.
 
-Reads: the prepared dataset, ``folds.csv``. Writes: ``folds.csv``, ``split.csv``, the fold run folders.
+Reads: the prepared dataset, ``folds.csv``. Writes: ``_study/folds/<key>.csv``, ``folds.csv``, ``split.csv``, the fold
+run folders.
 """
 
 from __future__ import annotations
@@ -31,17 +33,68 @@ from msb.study.manifest import read_json, write_json
 from msb.study.search import Selected
 from msb.study.units import StudyContext, StudyUnit, unit_lock, write_state
 from msb.utils.device import select_device
-from msb.utils.hashing import sha256_file
+from msb.utils.atomic import atomic_write_text
+from msb.utils.hashing import sha256_file, sha256_json
+from msb.utils.locks import file_lock
 from msb.utils.progress import Logger
 
-__all__ = ["ensure_folds", "fold_run", "cross_validate"]
+__all__ = ["folds_key", "ensure_folds", "fold_run", "cross_validate"]
+
+
+def folds_key(u: StudyUnit, ds: PreparedDataset) -> str:
+    """Name of the study-wide fold file shared by every unit that would draw the same folds:
+    ``<dataset>-k<k>-seed<seed>-<group column|nogroup>-<8 hex>``, the hex being the SHA-256 of everything the
+    draw depends on (prepared dataset folder, its ``data.split`` settings, ``k``, fold seed, group column,
+    ``stratify``, ``include_test``). Input size, architecture, training seed and every other run-config key are
+    not part of it, so units that differ only in them (the study axis ``data.input_size``) share one fold file."""
+    cv = u.spec.cross_validation
+    assert cv is not None
+    s = u.cfg.data.split
+    seed = cv.seed if cv.seed is not None else s.seed
+    what = {"data_root": str(Path(ds.root).resolve()), "split": s.model_dump(mode="json"), "k": cv.k, "seed": seed,
+            "group_column": cv.group_column, "stratify": cv.stratify, "include_test": cv.include_test}
+    return f"{u.base.dataset}-k{cv.k}-seed{seed}-{cv.group_column or 'nogroup'}-{sha256_json(what)[:8]}"
+
+
+def _draw_folds(u: StudyUnit, ds: PreparedDataset, folds_path: Path, split_path: Path, log: Logger) -> None:
+    cv = u.spec.cross_validation
+    assert cv is not None
+    ids = [str(s) for s in ds.index["sample_id"]]
+    s = u.cfg.data.split
+    split = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column,
+                           ds.root / "index.csv")
+    write_split_file(split_path, split)
+    pool = ids if cv.include_test else [i for i in ids if split[i] != "test"]
+    strata = None
+    if cv.stratify == "empty_mask":
+        strata = empty_mask_strata(ds, pool)
+    elif cv.stratify:
+        if cv.stratify not in ds.index.columns:
+            raise MSBError(f"{u.study_file}: cross_validation.stratify {cv.stratify!r} is neither "
+                           f"'empty_mask' nor a column of {ds.root / 'index.csv'} "
+                           f"(columns: {', '.join(map(str, ds.index.columns))})")
+        strata = ds.index.set_index(ds.index["sample_id"].astype(str))[cv.stratify]
+    seed = cv.seed if cv.seed is not None else s.seed
+    folds = assign_folds(ds.index, pool, cv.k, cv.group_column, strata, seed, where=str(u.study_file))
+    write_folds(folds_path, folds)
+    sizes = folds[folds["fold"] >= 0]["fold"].value_counts().sort_index()
+    log(f"[{u.name}] {cv.k} folds drawn (seed {seed}): sizes {', '.join(str(int(n)) for n in sizes)}; "
+        f"{int((folds['fold'] < 0).sum())} held-out test sample(s) -> {folds_path}")
 
 
 def ensure_folds(u: StudyUnit, ds: PreparedDataset, log: Logger) -> tuple[pd.DataFrame, str]:
-    """Draw ``folds.csv`` once (under the unit's ``folds`` lock) or read it; return it and its SHA-256.
+    """Draw the fold assignment once or read it; return it and the SHA-256 of the unit's ``folds.csv``.
+
+    The draw is stored once per study and fold key (:func:`folds_key`) as ``_study/folds/<key>.csv`` (with
+    ``<key>.split.csv``, the split the pool came from), under a study-wide lock; each unit's
+    ``_study/<unit>/folds.csv`` and ``split.csv`` are byte copies of it. So the units of one dataset that differ
+    only in input size (or architecture, or training seed) are trained and tested on the same folds, and their
+    ``split_policy`` (``kfold(k=K,folds=<sha8>)``) is the same string. A unit file that already exists (a
+    study started before the shared file existed) is kept as it is.
 
     Raises:
-        MSBError: unknown ``cross_validation.stratify`` column, more folds than groups, ids not in the dataset.
+        MSBError: unknown ``cross_validation.stratify`` column, more folds than groups, ids not in the dataset,
+            a damaged fold file.
     """
     cv = u.spec.cross_validation
     assert cv is not None
@@ -49,26 +102,17 @@ def ensure_folds(u: StudyUnit, ds: PreparedDataset, log: Logger) -> tuple[pd.Dat
     ids = [str(s) for s in ds.index["sample_id"]]
     with unit_lock(u, "folds"):
         if not path.is_file():
-            s = u.cfg.data.split
-            split = resolve_splits(ds.index, s.mode, s.val_fraction, s.test_fraction, s.seed, s.group_column,
-                                   ds.root / "index.csv")
-            write_split_file(u.state_dir / "split.csv", split)
-            pool = ids if cv.include_test else [i for i in ids if split[i] != "test"]
-            strata = None
-            if cv.stratify == "empty_mask":
-                strata = empty_mask_strata(ds, pool)
-            elif cv.stratify:
-                if cv.stratify not in ds.index.columns:
-                    raise MSBError(f"{u.study_file}: cross_validation.stratify {cv.stratify!r} is neither "
-                                   f"'empty_mask' nor a column of {ds.root / 'index.csv'} "
-                                   f"(columns: {', '.join(map(str, ds.index.columns))})")
-                strata = ds.index.set_index(ds.index["sample_id"].astype(str))[cv.stratify]
-            seed = cv.seed if cv.seed is not None else s.seed
-            folds = assign_folds(ds.index, pool, cv.k, cv.group_column, strata, seed, where=str(u.study_file))
-            write_folds(path, folds)
-            sizes = folds[folds["fold"] >= 0]["fold"].value_counts().sort_index()
-            log(f"[{u.name}] {cv.k} folds drawn (seed {seed}): sizes {', '.join(str(int(n)) for n in sizes)}; "
-                f"{int((folds['fold'] < 0).sum())} held-out test sample(s) -> {path}")
+            key = folds_key(u, ds)
+            shared = u.root / "_study" / "folds" / f"{key}.csv"
+            shared_split = shared.with_name(f"{key}.split.csv")
+            with file_lock(u.root / "_study" / "locks" / f"folds-{key}.lock"):
+                if not shared.is_file() or not shared_split.is_file():
+                    _draw_folds(u, ds, shared, shared_split, log)
+                else:
+                    log(f"[{u.name}] folds shared with the other units of {u.base.dataset}: {shared}")
+            read_folds(shared, known_ids=ids)  # a damaged shared file is named before it is copied
+            atomic_write_text(u.state_dir / "split.csv", shared_split.read_text())
+            atomic_write_text(path, shared.read_text())
         folds = read_folds(path, known_ids=ids)
     return folds, sha256_file(path)
 

@@ -36,6 +36,7 @@ from msb.notify.study import notify_on_completion
 from msb.study.crossval import cross_validate, ensure_folds
 from msb.study.external import resolve_external
 from msb.study.final import final_single, finalize_folds, write_study_manifest
+from msb.study.manifest import read_json
 from msb.study.search import run_search
 from msb.study.storage import close_storage, default_storage_url, open_storage
 from msb.study.units import (StudyContext, StudyUnit, check_spec, prepare_lock, study_lock, study_units,
@@ -44,7 +45,7 @@ from msb.utils.atomic import atomic_write_text
 from msb.utils.locks import file_lock
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
-__all__ = ["run_study"]
+__all__ = ["run_study", "write_exclusions", "EXCLUSION_COLUMNS"]
 
 
 def _resolve_externals(u: StudyUnit, ds: PreparedDataset, log: Logger) -> None:
@@ -85,23 +86,53 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
         One :class:`RunOutcome` per evaluated run (fold runs and the ensemble, or the single final run). A unit
         whose training runs out of GPU memory (:class:`~msb.engine.acceleration.OutOfDeviceMemory`) is excluded:
         its one-line reason goes to the log and to ``_study/<unit>/excluded.json``, the other units go on (under
-        DDP the job stops instead: the other ranks died inside the failed step).
+        DDP the job stops instead: the other ranks died inside the failed step). An architecture whose size
+        divisor does not divide an input size of the ``data.input_size`` axis gets no unit (known at
+        generation). Both kinds are listed in ``_study/exclusions.csv`` (:func:`write_exclusions`), which the
+        resolution analysis reads.
 
     Raises:
         MSBError: config errors, a changed study spec, failed work items, unreachable storage, data errors,
             another plain run of the study holding its lock (without ``wait``); every unit excluded.
     """
-    units = study_units(study_path, run_root)
+    excluded: list[dict[str, Any]] = []
+    units = study_units(study_path, run_root, excluded)
     if not units:
         return []
+    for e in excluded:
+        log(f"[{e['unit']}] excluded: {e['reason']}")
+    args = (track, log, worker, storage, heartbeat_interval, grace_period, poll_s, excluded)
     if worker:
-        return _run_units(study_path, units, track, log, worker, storage, heartbeat_interval, grace_period, poll_s)
+        return _run_units(study_path, units, *args)
     with study_lock(units[0].root, wait, log):
-        return _run_units(study_path, units, track, log, worker, storage, heartbeat_interval, grace_period, poll_s)
+        return _run_units(study_path, units, *args)
+
+
+EXCLUSION_COLUMNS = ("unit", "dataset", "architecture", "input_size", "reason")
+
+
+def write_exclusions(root: Path, units: list[StudyUnit], at_generation: list[dict[str, Any]]) -> Path:
+    """Write ``<root>/_study/exclusions.csv`` (columns :data:`EXCLUSION_COLUMNS`; ``input_size`` in px, the
+    height): the units left out at generation (input size not divisible) and those whose
+    ``_study/<unit>/excluded.json`` says they ran out of device memory in training. Rewritten (atomically) at the
+    end of every ``msb run``; header only when nothing is excluded. Returns the path."""
+    import pandas as pd
+
+    rows = [dict(e) for e in at_generation]
+    for u in units:
+        data = read_json(u.state_dir / "excluded.json")
+        if data:
+            rows.append({"unit": u.name, "dataset": u.base.dataset, "architecture": u.base.architecture,
+                         "input_size": int(u.cfg.data.input_size[0]), "reason": str(data.get("reason", ""))})
+    path = root / "_study" / "exclusions.csv"
+    atomic_write_text(path, pd.DataFrame(rows, columns=list(EXCLUSION_COLUMNS)).to_csv(index=False,
+                                                                                       lineterminator="\n"))
+    return path
 
 
 def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, log: Logger, worker: bool,
-               storage: str | None, heartbeat_interval: int, grace_period: int, poll_s: float) -> list[RunOutcome]:
+               storage: str | None, heartbeat_interval: int, grace_period: int, poll_s: float,
+               excluded: list[dict[str, Any]]) -> list[RunOutcome]:
     root, rule = find_configs_root(study_path, units[0].spec.configs_root)
     log(f"configs root: {root} ({rule})")
     ctx = StudyContext(storage, not worker, heartbeat_interval, grace_period, poll_s, track, log)
@@ -135,7 +166,11 @@ def _run_units(study_path: str | Path, units: list[StudyUnit], track: Tracker, l
                 if distributed.current() is not None:
                     raise  # the other ranks stopped inside the failed step: the job ends (torchrun stops them)
                 log(f"[{u.name}] excluded: {exc}")
-                atomic_write_text(u.state_dir / "excluded.json", json.dumps({"reason": str(exc)}, indent=2))
+                atomic_write_text(u.state_dir / "excluded.json", json.dumps(
+                    {"reason": str(exc), "excluded": [{"architecture": u.base.architecture,
+                                                       "input_size": int(u.cfg.data.input_size[0]),
+                                                       "reason": str(exc)}]}, indent=2))
+        write_exclusions(units[0].root, units, excluded)
         if not outcomes:
             raise MSBError(f"{units[0].root}: every run was excluded (see _study/<unit>/excluded.json); nothing to "
                            f"score; lower train.batch_size or data.input_size and rerun")

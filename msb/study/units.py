@@ -105,9 +105,13 @@ class StudyContext:
     storage: Any = None
 
 
-def study_units(study_path: str | Path, run_root: str | None = None) -> list[StudyUnit]:
+def study_units(study_path: str | Path, run_root: str | None = None,
+                exclusions: list[dict[str, Any]] | None = None) -> list[StudyUnit]:
     """Units of a study file (see :class:`StudyUnit`); every search point is applied to the run config first,
     so that a bad key or value fails before anything is written or trained.
+
+    ``exclusions``: when a list is given, units whose architecture cannot run an input size of the study axis
+    (``size_divisor``) are left out and appended to it (:func:`msb.config.generate.generate_runs`).
 
     Raises:
         MSBError: config errors (file, key and what to do).
@@ -115,7 +119,7 @@ def study_units(study_path: str | Path, run_root: str | None = None) -> list[Stu
     study_path = Path(study_path).resolve()
     spec, configs_root = load_study(study_path)
     units = []
-    for run in generate_runs(study_path):
+    for run in generate_runs(study_path, exclusions):
         cfg = run.config if run_root is None else run.config.model_copy(update={"run_root": run_root})
         run = GeneratedRun(run.run_id, cfg, run.config_hash, run.dataset, run.architecture)
         root = Path(cfg.run_root) / cfg.study

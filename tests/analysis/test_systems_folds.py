@@ -52,3 +52,39 @@ def test_folds_on_disjoint_images_still_pool_into_one_system():
     f1["image_id"] = f1["image_id"].astype(str) + "2"
     systems = find_systems(pd.concat([f0, f1], ignore_index=True))
     assert [s.label for s in systems] == ["unet_r18"] and len(systems[0].run_ids) == 2
+
+
+def test_two_input_sizes_of_one_study_get_two_labels():
+    """Issue 12: the fold runs of one architecture at 128 and 192 px (study axis data.input_size) lost their
+    config hash in the label and became one label; the variant slug now keeps them apart, folds and ensembles."""
+    parts = []
+    for h, size, tp in (("1234abcd", 128, [4, 6, 8]), ("99887766", 192, [2, 6, 10])):
+        for j in (0, 1):
+            f = _fold_counts(f"toy-unet_r18-{h}-fold{j}", j, tp)
+            f["variant"] = f"data.input_size=[{size},{size}]"
+            parts.append(f)
+        e = _fold_counts(f"toy-unet_r18-{h}-ensemble", -1, [5, 5, 5], model="unet-ensemble2")
+        e["variant"] = f"data.input_size=[{size},{size}]"
+        parts.append(e)
+    systems = find_systems(pd.concat(parts, ignore_index=True))
+    labels = sorted(s.label for s in systems)
+    assert labels == ["unet_r18-1234abcd-input_size128x128-ensemble", "unet_r18-99887766-input_size192x192-ensemble",
+                      "unet_r18-input_size128x128-fold0", "unet_r18-input_size128x128-fold1",
+                      "unet_r18-input_size192x192-fold0", "unet_r18-input_size192x192-fold1"]
+    by_label = {s.label: s for s in systems}
+    # fold 0 at 192 px is its own system: tp (2, 6, 10), image a Dice = 2*2/(2*2+1+1) = 2/3
+    t = by_label["unet_r18-input_size192x192-fold0"].table()
+    assert t.n_images == 3 and by_label["unet_r18-input_size192x192-fold0"].run_ids == ("toy-unet_r18-99887766-fold0",)
+    model_labels = sorted({s.label for s in find_systems(pd.concat(parts, ignore_index=True), by="model")})
+    assert model_labels == ["unet-ensemble2-input_size128x128", "unet-ensemble2-input_size192x192",
+                            "unet-input_size128x128-fold0", "unet-input_size128x128-fold1",
+                            "unet-input_size192x192-fold0", "unet-input_size192x192-fold1"]
+
+
+def test_variant_slug_matches_the_unit_names():
+    from msb.analysis.systems import variant_slug
+    from msb.config.generate import axes_slug
+
+    axes = {"data.input_size": [128, 128], "random_seed": 1}
+    assert variant_slug("data.input_size=[128,128];random_seed=1") == axes_slug(axes) == "input_size128x128-random_seed1"
+    assert variant_slug("") == ""

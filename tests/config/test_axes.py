@@ -90,3 +90,58 @@ def test_study_units_are_one_per_axis_combination(configs: Path, tmp_path: Path)
     study = _study(configs, axes={"data.input_size": [[64, 64], [96, 96]]})
     names = [u.name for u in study_units(study, run_root=str(tmp_path / "runs"))]
     assert names == ["toy-unet_a-input_size64x64", "toy-unet_a-input_size96x96"]
+
+
+def _div16_arch(configs: Path, tmp_path: Path, monkeypatch) -> None:
+    """Architecture config ``net16``: a user model whose class says size_divisor = 16 (unet_a needs 32)."""
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / "div16net.py").write_text("import torch\n\nclass Net(torch.nn.Module):\n    size_divisor = 16\n\n"
+                                     "    def __init__(self, num_classes=1):\n        super().__init__()\n"
+                                     "        self.c = torch.nn.Conv2d(3, num_classes, 1)\n\n"
+                                     "    def forward(self, x):\n        return self.c(x)\n")
+    monkeypatch.syspath_prepend(str(mod))
+    _write(configs / "architectures" / "net16.yaml", {"model": {"arch": "net16", "target": "div16net:Net"}})
+
+
+def test_a_size_one_architecture_cannot_run_is_an_exclusion(configs: Path, tmp_path: Path, monkeypatch):  # noqa: F811
+    """48 px suits the divisor-16 model but not unet_a (32): with an exclusions list the study keeps 3 runs and
+    records unet_a at 48 px with the divisor message; without one (msb generate) it still fails."""
+    _div16_arch(configs, tmp_path, monkeypatch)
+    study = _write(configs / "studies" / "ex.yaml", {"study": "ex", "datasets": ["toy"],
+                                                     "architectures": ["unet_a", "net16"],
+                                                     "axes": {"data.input_size": [[64, 64], [48, 48]]}})
+    excluded: list = []
+    runs = generate_runs(study, excluded)
+    assert [(r.architecture, r.config.data.input_size) for r in runs] == [
+        ("unet_a", (64, 64)), ("net16", (64, 64)), ("net16", (48, 48))]
+    assert len(excluded) == 1
+    e = excluded[0]
+    assert (e["unit"], e["dataset"], e["architecture"], e["input_size"]) == ("toy-unet_a-input_size48x48", "toy",
+                                                                              "unet_a", 48)
+    assert "48x48 is not a multiple of 32" in e["reason"] and "[64, 64]" in e["reason"]
+    with pytest.raises(MSBError, match="not a multiple of 32"):
+        generate_runs(study)
+    from msb.study.units import study_units
+
+    units = study_units(study, run_root=str(tmp_path / "runs"), exclusions=[])
+    assert [u.name for u in units] == ["toy-unet_a-input_size64x64", "toy-net16-input_size64x64",
+                                       "toy-net16-input_size48x48"]
+
+
+def test_a_size_no_architecture_can_run_still_fails(configs: Path):  # noqa: F811
+    with pytest.raises(MSBError, match="70x70 is not a multiple of 32"):
+        generate_runs(_study(configs, axes={"data.input_size": [[64, 64], [70, 70]]}), [])
+
+
+def test_baked_input_size_follows_the_axis(configs: Path):  # noqa: F811
+    """G-CASCADE's graph size (model.params.img_size) is set from the input-size axis: one run per size."""
+    _write(configs / "architectures" / "gc.yaml", {"model": {"arch": "g_cascade", "encoder_weights": "none",
+                                                             "params": {"img_size": 352, "k": 11}},
+                                                   "data": {"input_size": [352, 352]}})
+    study = _write(configs / "studies" / "gc.yaml", {"study": "gc", "datasets": ["toy"], "architectures": ["gc"],
+                                                     "axes": {"data.input_size": [[128, 128], [192, 192]]}})
+    runs = generate_runs(study)
+    assert [r.config.model.params["img_size"] for r in runs] == [[128, 128], [192, 192]]
+    assert [r.config.data.input_size for r in runs] == [(128, 128), (192, 192)]
+    assert runs[0].config_hash != runs[1].config_hash

@@ -8,6 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -125,3 +126,12 @@ def test_out_of_memory_is_one_line_and_an_excluded_run(tmp_path: Path, monkeypat
     reason = json.loads(excluded[0].read_text())["reason"]
     assert "out of GPU memory during epoch 1: unet at 32x32 px, batch 4, fp32" in reason
     assert "\n" not in reason
+    # the study-level table the resolution analysis reads names the unit, architecture and size
+    ex = pd.read_csv(tmp_path / "runs" / "p" / "_study" / "exclusions.csv", keep_default_na=False)
+    assert list(ex.columns) == ["unit", "dataset", "architecture", "input_size", "reason"]
+    assert ex[["unit", "dataset", "architecture", "input_size"]].values.tolist() == [
+        ["synthetic-unet_tiny", "synthetic", "unet_tiny", 32]]
+    assert "out of GPU memory during epoch 1" in ex["reason"].iloc[0]
+    from msb.analysis.protocol.inputs import _read_excluded
+
+    assert _read_excluded(tmp_path / "runs" / "p").values.tolist() == [["unet_tiny", 32, reason]]

@@ -119,13 +119,15 @@ def write_outputs(outputs: dict[str, AnalysisOutput], skipped: dict[str, str], o
 
 
 def write_protocol_analyses(study_dir: Path, analyses: Sequence[str] = tuple(ANALYSES), out_dir: Path | None = None,
-                            **options) -> list[Path]:
+                            refusals_as_skips: bool = False, **options) -> list[Path]:
     """Run the named protocol analyses on a study's stored artifacts and write their tables and figures.
 
     Args:
         study_dir: ``runs/<study>``.
         analyses: names of :data:`ANALYSES` (default all).
         out_dir: destination folder (default ``study_dir/protocol``), replaced as a whole when complete.
+        refusals_as_skips: record a protocol refusal in ``skipped.json`` (``refused: ...``) instead of raising
+            (``msb run`` with ``analyses:``, so that a finished study does not end with an error).
         **options: as :func:`run_analyses` (e.g. ``allow_mixed_protocols=True``, ``n_boot=1000``, ``seed=0``).
 
     Returns:
@@ -139,7 +141,7 @@ def write_protocol_analyses(study_dir: Path, analyses: Sequence[str] = tuple(ANA
     out_dir = Path(out_dir) if out_dir is not None else study_dir / "protocol"
     names = parse_analyses(list(analyses))
     art = load_study(study_dir, exclude=(out_dir,))
-    outputs, skipped = run_analyses(art, names, options)
+    outputs, skipped = run_analyses(art, names, options, refusals_as_skips)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     os.chmod(tmp, 0o777 & ~current_umask())

@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, fmt_num
+from msb.analysis.protocol.inputs import architecture_label
+from msb.utils.hashing import sha256_json
 
 __all__ = ["efficiency_table"]
 
@@ -86,10 +88,38 @@ def efficiency_table(profile: pd.DataFrame) -> PaperTable:
     return PaperTable("efficiency", pd.DataFrame(vals, columns=idx), pd.DataFrame(disp, columns=idx), cap)
 
 
+def _profile_label(model: dict) -> str:
+    """The label ``msb profile`` gives a run's model (:func:`msb.profiling.measure.model_label`, the same
+    formula): ``arch`` or ``arch-encoder``, plus the first 6 hex of the SHA-256 of ``params`` when set."""
+    label = str(model.get("arch")) if not model.get("encoder") else f"{model.get('arch')}-{model.get('encoder')}"
+    if model.get("params"):
+        label += "-" + sha256_json(model["params"])[:6]
+    return label
+
+
+def architecture_names(runs: dict) -> dict[str, str]:
+    """Profile model label -> the study's architecture config name (from the run ids,
+    :func:`~msb.analysis.protocol.inputs.architecture_label`), for labels that stand for one architecture only.
+
+    Args:
+        runs: run id -> :class:`~msb.analysis.contract.RunInfo` (its ``config`` dict)."""
+    found: dict[str, set[str]] = {}
+    for rid, info in runs.items():
+        model = (info.config or {}).get("model") or {}
+        if model.get("arch"):
+            ds = str(((info.config or {}).get("data") or {}).get("name", ""))
+            found.setdefault(_profile_label(model), set()).add(architecture_label(rid, ds))
+    return {lab: next(iter(a)) for lab, a in found.items() if len(a) == 1}
+
+
 def run(art, options: dict) -> AnalysisOutput:
-    """Registry entry: needs a profile table below the study folder."""
+    """Registry entry: needs a profile table below the study folder. Profile labels that stand for one of the
+    study's architectures are shown under that architecture's name (as in the other tables)."""
     if art.profile is None or art.profile.empty:
         raise AnalysisSkipped(f"no profile table (profile*.parquet) below {art.study_dir}; run "
                               f"`msb profile --study {art.study_dir}`")
-    t = efficiency_table(art.profile)
-    return AnalysisOutput(tables=[t])
+    names = architecture_names(art.runs)
+    prof = art.profile.assign(model=[names.get(str(m), str(m)) for m in art.profile["model"]])
+    t = efficiency_table(prof)
+    notes = [f"{lab} profiled as {arch}" for lab, arch in sorted(names.items()) if lab in set(art.profile["model"])]
+    return AnalysisOutput(tables=[t], notes=notes)

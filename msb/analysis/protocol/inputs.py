@@ -61,7 +61,8 @@ class StudyArtifacts:
             folder, or None.
         runs: run folders (``config.yaml``) by run id.
         excluded: recorded exclusions (``architecture``, ``input_size``, ``reason``) from ``excluded.json`` files
-            below ``_study/`` (a list of objects with those keys), possibly empty.
+            below ``_study/`` (a list of objects with those keys, or ``{"excluded": [...]}``) and from
+            ``_study/exclusions.csv`` (written by ``msb run``), one row per architecture x size, possibly empty.
         notes: what was found missing or read unverified.
     """
 
@@ -104,7 +105,8 @@ def split_seed(policy: str) -> int | None:
 
 
 def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, family: bool = False) -> None:
-    """Refuse to rank or tabulate together rows of different split protocols.
+    """Refuse to rank or tabulate together rows of different split protocols (``external-only`` rows, the
+    external sets evaluated by the study's models, go with any one training protocol).
 
     Args:
         df: counts rows with ``split_policy``.
@@ -122,6 +124,9 @@ def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, f
     if allow_mixed or "split_policy" not in df.columns or len(df) == 0:
         return
     vals = df["train_split_policy" if "train_split_policy" in df.columns else "split_policy"].astype(str)
+    # an external set is evaluated "external-only" by the models of the study's training protocol: beside that
+    # one protocol it is not a second one (a P1 table with internal and external test sets is one protocol)
+    vals = vals[vals != EXTERNAL_ONLY]
     found = sorted(set(vals.map(protocol_family) if family else vals))
     if len(found) > 1:
         raise MSBError(f"{what}: rows come from different split protocols {found}; numbers from different "
@@ -302,7 +307,17 @@ def _read_excluded(study_dir: Path) -> pd.DataFrame:
         for item in data if isinstance(data, list) else data.get("excluded", []):
             rows.append({"architecture": str(item.get("architecture", item.get("arch", ""))),
                          "input_size": int(item.get("input_size", -1)), "reason": str(item.get("reason", ""))})
-    return pd.DataFrame(rows, columns=["architecture", "input_size", "reason"])
+    csv = study_dir / "_study" / "exclusions.csv"  # written by msb run: divisor (generation) + out of memory
+    if csv.is_file():
+        try:
+            t = pd.read_csv(csv, dtype={"architecture": str, "reason": str}, keep_default_na=False)
+            rows += [{"architecture": str(r.architecture), "input_size": int(r.input_size), "reason": str(r.reason)}
+                     for r in t.itertuples()]
+        except (OSError, ValueError, AttributeError, pd.errors.ParserError) as e:
+            raise MSBError(f"{csv}: unreadable exclusions table ({e}); it needs the columns unit, dataset, "
+                           f"architecture, input_size, reason; rerun `msb run` to rewrite it") from None
+    out = pd.DataFrame(rows, columns=["architecture", "input_size", "reason"])
+    return out.drop_duplicates(["architecture", "input_size"]).reset_index(drop=True)
 
 
 def load_study(study_dir: str | Path, exclude: tuple[Path, ...] = ()) -> StudyArtifacts:

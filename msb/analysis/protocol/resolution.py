@@ -10,7 +10,7 @@ same draw, and the interval is taken on the replicate differences (Efron & Tibsh
 interval; Davison & Hinkley 1997, §3.8 stratified resampling). The seed and the replicate count are printed with
 every interval.
 
-Architectures without counts at one of the sizes, and those recorded in ``_study/**/excluded.json``, are listed
+Architectures without counts at one of the sizes, and those recorded in ``_study/exclusions.csv`` or ``_study/**/excluded.json``, are listed
 as excluded (with the reason) in the table's notes and the tidy CSV.
 """
 

@@ -1,0 +1,77 @@
+"""The last step of ``msb run``: the study file's ``analyses`` key (docs/protocols.md).
+
+With ``analyses:`` in the study file, ``msb run`` ends (after the scores) by
+
+1. profiling the study's models when ``analyses.profile`` is set (:func:`msb.profiling.pipeline.run_profile`
+   on the study folder: batch 1, the runs' training sizes; ``<study>/profile/profile_<device>.parquet``;
+   skipped when that file already exists, delete it to measure again), then
+2. writing the named protocol analyses (:func:`msb.analysis.protocol.write_protocol_analyses`) into
+   ``<study>/protocol/`` (``tables/``, ``figures/``, ``data/``, ``skipped.json``), replaced as a whole.
+
+Both read only stored artifacts (run folders, counts, checkpoints); nothing is retrained. The same outputs come
+from ``msb profile --study runs/<study>`` and ``msb reaggregate runs/<study> --analyses all``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from msb.config.generate import StudySpec
+from msb.utils.progress import Logger, no_log
+
+__all__ = ["run_declared_analyses"]
+
+
+def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log) -> list[Path]:
+    """Profile (if asked) and write the protocol analyses a study file declares (module docstring).
+
+    Args:
+        spec: the study file's spec (``spec.analyses``; nothing happens when it is ``None``).
+        study_dir: ``<run_root>/<study>``.
+        log: line logger.
+
+    Returns:
+        The files written (profile tables first, ``protocol/skipped.json`` last); ``[]`` without ``analyses``.
+
+    Raises:
+        MSBError: an unknown analysis name, a profiling error (e.g. ``device: cuda`` without a GPU), damaged
+            artifacts. A split-protocol refusal is logged and recorded in ``protocol/skipped.json`` instead.
+    """
+    a = spec.analyses
+    if a is None:
+        return []
+    from msb.analysis.protocol import parse_analyses, write_protocol_analyses
+
+    names = parse_analyses(a.names)  # an unknown name fails before the (slow) profiling
+    written: list[Path] = []
+    if a.profile is not None:
+        prof = study_dir / "profile" / f"profile_{a.profile.device}.parquet"
+        if prof.is_file():
+            log(f"profile: {prof} exists, not measured again (delete it to re-measure)")
+        else:
+            from msb.profiling.pipeline import run_profile
+            from msb.profiling.timing import TimingProtocol, protocol_defaults
+
+            d = protocol_defaults(a.profile.device)
+            p = TimingProtocol(d["warmup"] if a.profile.warmup is None else a.profile.warmup,
+                               d["timed_passes"] if a.profile.timed_passes is None else a.profile.timed_passes,
+                               d["repeats"] if a.profile.repeats is None else a.profile.repeats,
+                               a.profile.batch_size, "fp32", True)
+            log(f"profile: {p.warmup} warm-up + {p.repeats} x {p.timed_passes} timed passes, batch "
+                f"{p.batch_size}, {a.profile.device}")
+            res = run_profile(a.profile.device, (), study_dir, (), (p,), log=log)
+            written += list(res.paths)
+    opts = {"allow_mixed_protocols": a.allow_mixed_protocols, "seed": a.seed, "level": a.level,
+            "n_boot": a.n_boot, "n_boot_resolution": a.n_boot}
+    out = write_protocol_analyses(study_dir, names, None, refusals_as_skips=True, **opts)
+    written += out
+    import json
+
+    skipped = json.loads(out[-1].read_text(encoding="utf-8"))
+    for name, reason in skipped["skipped"].items():
+        log(f"analysis {name}: skipped: {reason}")
+    for name, notes in skipped["notes"].items():
+        for n in notes:
+            log(f"analysis {name}: {n}")
+    log(f"protocol analyses ({', '.join(names)}) written to {out[-1].parent}")
+    return written
