@@ -276,3 +276,21 @@ def test_mean_teacher_evaluation_records_and_averages(tmp_path: Path, synth_root
     with pytest.raises(MSBError, match="test_time_rule values"):
         reaggregate(both, group_by=["dataset"])
     assert len(reaggregate(both, group_by=["dataset", "test_time_rule"])) > 0
+
+
+def test_supervised_with_declared_iterations(tmp_path: Path, synth_root: Path, tiny_pkg):
+    """``supervised`` + ``iterations_per_epoch: 3``: 3 optimizer steps per epoch (Adam's step count 6 after 2
+    epochs), labelled images only; without the key the trainer's own loop (no ``strategy`` in the resume state)."""
+    ds = load_prepared_dataset(synth_root)
+    cfg = _cfg(tmp_path, synth_root, {"name": "supervised", "iterations_per_epoch": 3})
+    train_run(_run(cfg), tmp_path / "run", ds)
+    st = torch.load(tmp_path / "run" / "state" / "train_state.pt", weights_only=False)
+    assert st["strategy"] == {"name": "supervised", "iteration": 6}
+    assert float(st["optimizer"]["state"][0]["step"]) == 6.0
+    plain = _cfg(tmp_path / "p", synth_root, {"name": "supervised"})
+    train_run(_run(plain), tmp_path / "p" / "run", ds)
+    st = torch.load(tmp_path / "p" / "run" / "state" / "train_state.pt", weights_only=False)
+    assert "strategy" not in st
+    n_lab = len(pd.read_csv(tmp_path / "p" / "run" / "labelled.csv").query("labelled == 1"))
+    assert n_lab >= 2  # batches of 2, a trailing single image dropped (BatchNorm): n_lab // 2 steps an epoch
+    assert float(st["optimizer"]["state"][0]["step"]) == 2 * (n_lab // 2)

@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 from msb.engine.strategies.base import Strategy, SupervisedStrategy
 from msb.engine.strategies.cps import CrossPseudoSupervision
 from msb.engine.strategies.mean_teacher import MeanTeacher
+from msb.engine.strategies.semi import SupervisedIterations
 
 if TYPE_CHECKING:
     from msb.engine.trainer import Trainer
@@ -26,4 +27,6 @@ def build_strategy(trainer: "Trainer", unlabelled: Dataset | None = None) -> Str
         return MeanTeacher(trainer, unlabelled)
     if name == "cps":
         return CrossPseudoSupervision(trainer, unlabelled)
+    if trainer.cfg.train.strategy.iterations_per_epoch is not None:  # the epochs of the mixed-batch methods
+        return SupervisedIterations(trainer, None)
     return SupervisedStrategy(trainer)

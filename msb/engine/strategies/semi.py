@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from msb.engine.losses import multi_output_loss
 from msb.engine.sampling import sample_seed
 from msb.engine.strategies.base import Strategy
 from msb.errors import MSBError
@@ -30,7 +31,7 @@ from msb.errors import MSBError
 if TYPE_CHECKING:
     from msb.engine.trainer import Trainer
 
-__all__ = ["SemiSupervised", "epoch_draws"]
+__all__ = ["SemiSupervised", "SupervisedIterations", "epoch_draws"]
 
 
 def epoch_draws(n: int, per_iteration: int, iterations: int, seed: int) -> list[list[tuple[int, int]]]:
@@ -65,6 +66,8 @@ class SemiSupervised(Strategy):
     """
 
     own_loop = True
+    #: False: labelled batches only (``supervised`` with ``iterations_per_epoch``, :class:`SupervisedIterations`)
+    needs_unlabelled = True
 
     def __init__(self, trainer: "Trainer", unlabelled: Dataset | None) -> None:
         super().__init__(trainer)
@@ -75,7 +78,7 @@ class SemiSupervised(Strategy):
             raise MSBError(f"{where} runs in one process only; run without torchrun / --nproc-per-node")
         if cfg.train.multiscale is not None:
             raise MSBError(f"{where} does not support train.multiscale; remove train.multiscale")
-        if unlabelled is None or len(unlabelled) == 0:
+        if self.needs_unlabelled and (unlabelled is None or len(unlabelled) == 0):
             raise MSBError(f"{where} needs unlabelled training images (the training split minus labelled.csv); "
                            f"lower data.labelled_fraction below 1")
         self.unlabelled = unlabelled
@@ -105,8 +108,9 @@ class SemiSupervised(Strategy):
         bs, iters, workers = cfg.train.batch_size, self.iterations(), cfg.data.num_workers
         lab = DataLoader(t.train_ds, batch_sampler=epoch_draws(len(t.train_ds), bs, iters, seed),
                          num_workers=workers)
-        unl = DataLoader(self.unlabelled, batch_sampler=epoch_draws(len(self.unlabelled), bs * self.s.unlabelled_ratio,
-                                                                   iters, seed + 2), num_workers=workers)
+        unl = (DataLoader(self.unlabelled, batch_sampler=epoch_draws(len(self.unlabelled), bs * self.s.unlabelled_ratio,
+                                                                    iters, seed + 2), num_workers=workers)
+               if self.needs_unlabelled else [None] * iters)
         for net, _ in self.trained():
             net.train()
         gen = torch.Generator().manual_seed(seed + 1)
@@ -116,18 +120,18 @@ class SemiSupervised(Strategy):
                                                start=1):
             x, y = x.to(t.device), y.to(t.device)
             x, y = t.model.train_batch_transform(x, y, gen, cfg.data.normalize_mean, cfg.data.normalize_std)
-            xu = u["image"].to(t.device)
+            xu = u["image"].to(t.device) if u is not None else None
             for _, opt in self.trained():
                 opt.zero_grad(set_to_none=True)
             with t.precision.context(t.device):
-                loss = self.loss(t._fmt(x), y, t._fmt(xu), gen)
+                loss = self.loss(t._fmt(x), y, t._fmt(xu) if xu is not None else None, gen)
             loss_value = float(loss.detach())
             t.scaler.scale(loss).backward()
             self._step(epoch, step, iters, loss_value)
             self.after_step()
             self.iteration += 1
             total += loss_value
-            seen += x.shape[0] + xu.shape[0]
+            seen += x.shape[0] + (xu.shape[0] if xu is not None else 0)
             t.steps_done = step
         return total / max(iters, 1), seen
 
@@ -179,3 +183,19 @@ class SemiSupervised(Strategy):
                            f"{(saved or {}).get('name', 'supervised')!r}, not {self.name!r}; use a new run folder")
         self.iteration = int(saved["iteration"])
         self.load_strategy_state(saved)
+
+
+class SupervisedIterations(SemiSupervised):
+    """``supervised`` with a declared ``iterations_per_epoch``: the same epochs of mixed-batch methods (same
+    labelled draws, same optimizer steps per epoch), labelled images only, no unlabelled image read. Without
+    ``iterations_per_epoch`` ``supervised`` is the trainer's own loop (:class:`~msb.engine.strategies.base.SupervisedStrategy`)."""
+
+    name = "supervised"
+    needs_unlabelled = False
+
+    def trained(self) -> list[tuple[nn.Module, torch.optim.Optimizer]]:
+        return [(self.trainer.model, self.trainer.optimizer)]
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, xu: torch.Tensor | None, gen: torch.Generator) -> torch.Tensor:
+        cfg, net = self.trainer.cfg, self.trainer.model
+        return multi_output_loss([o.float() for o in net(x)], y, cfg.train.loss.name, cfg.train.loss.bce_weighting)
