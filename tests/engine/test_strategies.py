@@ -294,3 +294,61 @@ def test_supervised_with_declared_iterations(tmp_path: Path, synth_root: Path, t
     n_lab = len(pd.read_csv(tmp_path / "p" / "run" / "labelled.csv").query("labelled == 1"))
     assert n_lab >= 2  # batches of 2, a trailing single image dropped (BatchNorm): n_lab // 2 steps an epoch
     assert float(st["optimizer"]["state"][0]["step"]) == 2 * (n_lab // 2)
+
+
+def _cache_trainer(tmp_path: Path, name: str, **strategy) -> Trainer:
+    """A trainer over an in-memory cache of 10 random 8x8 images (4 labelled, 6 unlabelled)."""
+    rng = np.random.default_rng(0)
+    n, lab_n = 10, 4
+    masks = (rng.random((n, 1, 8, 8)) > 0.5).astype(np.uint8)
+    ids = [f"s{i}" for i in range(n)]
+    cache = CachedArrays(rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8), masks, ids, tmp_path)
+    lab_ds = SegmentationDataset(cache, ids[:lab_n], (0.5,) * 3, (0.25,) * 3)
+    unl_ds = UnlabelledImageDataset(cache, ids[lab_n:], (0.5,) * 3, (0.25,) * 3)
+    cfg = RunConfig.model_validate({
+        "data": {"name": "x", "root": str(tmp_path), "labelled_fraction": 0.4, "input_size": [8, 8]},
+        "model": {"arch": "tiny", "target": "msb_test_tiny_nets:Tiny"},
+        "train": {"device": "cpu", "batch_size": 2, "loss": {"name": "bce"}, "strategy": {"name": name, **strategy}}})
+    torch.manual_seed(0)
+    return Trainer(cfg, tmp_path / "run", build_model(cfg.model, 1), lab_ds, lab_ds, unlabelled_ds=unl_ds)
+
+
+def test_loss_of_one_iteration_by_hand(tmp_path: Path, tiny_pkg):
+    """The strategies' losses against the formulas written out with plain torch on fixed batches (train.loss
+    bce = mean BCE with logits): CPS = BCE(a(x), y) + BCE(b(x), y) + λ (BCE(a(u), argmax b) + BCE(b(u), argmax a));
+    mean teacher = BCE(s(x), y) + w(i) · mean((σ(s(x·c + b + n)) − σ(t(u)))²), w(3) = 2 e^{−5·0.25}, the strong
+    view's draws (c, b per image, then n) repeated from the same seed."""
+    from msb.engine.strategies.mean_teacher import strong_view
+
+    g = torch.Generator().manual_seed(3)
+    x, xu = torch.randn(2, 3, 8, 8, generator=g), torch.randn(4, 3, 8, 8, generator=g)
+    y = (torch.rand(2, 1, 8, 8, generator=g) > 0.5).float()
+    bce = F.binary_cross_entropy_with_logits
+
+    t = _cache_trainer(tmp_path / "c", "cps", cps_weight=0.7)
+    a, b = t.model, t.strategy.model_b
+    with torch.no_grad():
+        got = float(t.strategy.loss(x, y, xu, torch.Generator()))
+        la, lb = a(xu)[0], b(xu)[0]
+        hard = [torch.stack([1 - torch.sigmoid(v), torch.sigmoid(v)]).argmax(0).float() for v in (la, lb)]
+        want = float(bce(a(x)[0], y) + bce(b(x)[0], y) + 0.7 * (bce(la, hard[1]) + bce(lb, hard[0])))
+    assert got == pytest.approx(want, rel=1e-6)
+
+    t = _cache_trainer(tmp_path / "m", "mean_teacher", consistency_weight=2.0, rampup_iterations=6,
+                       strong_noise_std=0.3)
+    s, teacher = t.model, t.strategy.teacher
+    with torch.no_grad():
+        for p in teacher.parameters():  # a teacher different from the student
+            p.add_(0.1)
+    t.strategy.iteration = 3
+    with torch.no_grad():
+        got = float(t.strategy.loss(x, y, xu, torch.Generator().manual_seed(9)))
+        g2 = torch.Generator().manual_seed(9)
+        c = 1 + 0.2 * (2 * torch.rand(4, 1, 1, 1, generator=g2) - 1)
+        bb = 0.2 * (2 * torch.rand(4, 1, 1, 1, generator=g2) - 1)
+        strong = xu * c + bb + 0.3 * torch.randn(xu.shape, generator=g2)
+        assert torch.equal(strong, strong_view(xu, torch.Generator().manual_seed(9), t.cfg.train.strategy))
+        want = float(bce(s(x)[0], y)
+                     + 2.0 * math.exp(-5 * 0.25) * torch.mean((torch.sigmoid(s(strong)[0])
+                                                               - torch.sigmoid(teacher.eval()(xu)[0])) ** 2))
+    assert got == pytest.approx(want, rel=1e-6)
