@@ -221,4 +221,4 @@ def test_file_formats(study):
 
 def test_registry_names():
     assert list(ANALYSES) == ["ranking_sensitivity", "resolution_delta", "efficiency", "external_transfer", "p1",
-                              "p2", "p3", "lesion", "wilcoxon", "checklist"]
+                              "p2", "p3", "lesion", "wilcoxon", "checklist", "semi_supervised"]
