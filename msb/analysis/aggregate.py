@@ -80,34 +80,44 @@ class AggregateResult:
     n_classes: int
 
 
+#: columns whose values must be the same in every row pooled into one score (:func:`check_poolable`)
+POOL_COLUMNS: tuple[str, ...] = ("threshold", "threshold_on", "test_time_rule")
+
+
 def _describe(label: str | None) -> str:
     return label if label else "the selected rows"
 
 
 def check_poolable(df: pd.DataFrame, label: str | None = None) -> None:
-    """Refuse to pool rows evaluated with different binarisation settings.
+    """Refuse to pool rows evaluated with different binarisation settings or test-time rules.
 
     Args:
         df: counts rows that are about to be pooled into one score.
         label: text naming the group in the error (e.g. ``"group dataset='x', run_id='r1'"``).
 
     Raises:
-        MSBError: when ``threshold`` or ``threshold_on`` takes more than one value, naming the group
-            and the values found.
+        MSBError: when ``threshold``, ``threshold_on`` or ``test_time_rule`` (e.g. the two-prediction rules
+            ``first+mean_teacher:average`` and ``first+mean_teacher:teacher``) takes more than one value, naming
+            the group and the values found.
     """
     problems = []
-    for col in ("threshold", "threshold_on"):
+    for col in POOL_COLUMNS:
         if col not in df.columns:
             continue
         values = pd.unique(df[col])
         if len(values) > 1:
             shown = sorted(float(v) for v in values) if col == "threshold" else sorted(map(str, values))
             problems.append(f"{col} values {shown}")
-    if problems:
+    if problems and not any(p.startswith("test_time_rule") for p in problems):
         raise MSBError(f"refusing to pool count rows of {_describe(label)}: they mix "
                        + " and ".join(problems) + "; scores at different thresholds are not "
                        "comparable. Aggregate them separately ('msb reaggregate --by-threshold', or add 'threshold' "
                        "and 'threshold_on' to group_by) or re-evaluate with one threshold")
+    if problems:
+        raise MSBError(f"refusing to pool count rows of {_describe(label)}: they mix " + " and ".join(problems)
+                       + "; predictions made under different test-time rules are not comparable. Aggregate them "
+                       "separately (add 'test_time_rule' to group_by) or evaluate with one rule "
+                       "(evaluation.two_prediction)")
 
 
 def _check_columns(df: pd.DataFrame, needed: Iterable[str], what: str) -> None:
@@ -261,7 +271,7 @@ def reaggregate(
     # images are told apart within a group by the image columns that are not constant in it
     img_cols = [c for c in IMAGE_COLUMNS if c in df.columns and c not in group_by]
     img_codes = _codes(df, img_cols)
-    poolable = [c for c in ("threshold", "threshold_on") if c in df.columns]
+    poolable = [c for c in POOL_COLUMNS if c in df.columns]
     pool_codes = _codes(df, poolable)
     if group_by:
         gcodes, gkeys = _group_codes(df, group_by)

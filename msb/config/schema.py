@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
+from msb.config.strategy_schema import STRATEGY_DEFAULT, StrategyConfig, check_strategy
 from msb.config.notifications_schema import NotificationsConfig
 
 __all__ = [
@@ -245,7 +246,7 @@ _PRECISION_TO_AMP = {v: k for k, v in AMP_TO_PRECISION.items()}
 #: hash while they have these values, so the run ids of existing studies do not change
 TRAIN_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {
     "nonfinite_patience": NONFINITE_PATIENCE_DEFAULT, "compile": False, "cudnn_benchmark": True,
-    "pin_memory": True, "persistent_workers": False, "prefetch_factor": None,
+    "pin_memory": True, "persistent_workers": False, "prefetch_factor": None, "strategy": STRATEGY_DEFAULT,
 }
 
 
@@ -296,6 +297,8 @@ class TrainConfig(StrictModel):
     pin_memory: bool = True
     persistent_workers: bool = False
     prefetch_factor: Optional[int] = Field(None, gt=0)
+    # supervised | mean_teacher | cps (msb/config/strategy_schema.py, msb/engine/strategies, docs/training.md)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     #: old keys still accepted in config files (mapped by ``_legacy_amp``)
     LEGACY_KEYS: ClassVar[frozenset[str]] = frozenset({"amp"})
 
@@ -366,6 +369,16 @@ class EvaluationConfig(StrictModel):
     save_probabilities: bool = True
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     compute_metrics: bool = True
+    # semi-supervised runs: average|student|teacher (mean_teacher), average|a|b (cps); unset = average
+    two_prediction: Optional[Literal["average", "student", "teacher", "a", "b"]] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_two_prediction(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``two_prediction`` while unset (config hashes stay as they were)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("two_prediction") is None:
+            data.pop("two_prediction", None)
+        return data
 
     @model_validator(mode="after")
     def _threshold_semantics(self) -> "EvaluationConfig":
@@ -410,6 +423,7 @@ class RunConfig(StrictModel):
         if self.checkpoint.selection_split.strip().lower() == "test" and self.recipe != "official":
             raise ValueError("checkpoint.selection_split: selecting a checkpoint on the split named 'test' leaks "
                              "the test set; use 'val' (only recipe: official reproduces scripts that do it)")
+        check_strategy(self.train.strategy, self.evaluation.two_prediction, self.data.labelled_policy)
         return self
 
     @model_serializer(mode="wrap")

@@ -105,7 +105,11 @@ class UnlabelledImageDataset(_CachedImages):
     only (albumentations ``augment(image=...)``).
     """
 
-    def __getitem__(self, i: int) -> dict[str, object]:
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, object]:
+        """``key``: the position ``i`` or ``(i, seed)`` (the augmentation of that item drawn from ``seed``)."""
+        i, seed = key if isinstance(key, tuple) else (key, None)
+        if seed is not None and self.augment is not None:
+            self.augment.set_random_seed(seed)
         img = np.asarray(self.images[self.rows[i]])
         if self.augment is not None:
             img = self.augment(image=img)["image"]

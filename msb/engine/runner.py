@@ -24,7 +24,7 @@ from msb.data.cache import build_cache
 from msb.data.prepare import ensure_dataset
 from msb.data.schema import PreparedDataset
 from msb.data.splits import read_split_file, resolve_splits, write_split_file
-from msb.data.torch_dataset import SegmentationDataset, build_augmentation
+from msb.data.torch_dataset import SegmentationDataset, UnlabelledImageDataset, build_augmentation
 from msb.data.verify import verify_files
 from msb.engine import distributed
 from msb.engine.determinism import seed_everything
@@ -151,16 +151,21 @@ def train_run(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, track: Trac
     if checked:
         log(f"[{run.run_id}] checked {checked} image/mask file(s) of '{ds.name}' at native resolution: OK")
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
+    unlabelled_ids: list[str] = []
     if cfg.data.labelled_policy:  # semi-supervised protocol: only the labelled subset trains with masks
         from msb.data.labelled import labelled_train_ids
 
-        train_ids = labelled_train_ids(cfg, run_dir, ds, cache, train_ids)
-        log(f"[{run.run_id}] labelled subset (labelled.csv): {len(train_ids)} training images with masks")
+        all_train, train_ids = train_ids, labelled_train_ids(cfg, run_dir, ds, cache, train_ids)
+        if cfg.train.strategy.name != "supervised":  # the unlabelled pool: training split minus labelled.csv
+            labelled = set(train_ids)
+            unlabelled_ids = [s for s in all_train if s not in labelled]
+        log(f"[{run.run_id}] labelled subset (labelled.csv): {len(train_ids)} training images with masks"
+            + (f", {len(unlabelled_ids)} unlabelled images ({cfg.train.strategy.name})" if unlabelled_ids else ""))
     ctx = distributed.current()
     if ctx is not None:  # DDP: the other ranks train this run with us (msb.engine.distributed)
         distributed.send_work(ctx, {"op": "train", "run": run, "run_dir": str(run_dir), "ds": ds,
                                     "stop_after_epoch": stop_after_epoch})
-    trainer = build_trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx)
+    trainer = build_trainer(run, run_dir, ds, cache, train_ids, val_ids, track, log, ctx, unlabelled_ids)
     log(f"[{run.run_id}] training {cfg.model.arch} on {len(train_ids)} images "
         f"(selection on {len(val_ids)} '{cfg.checkpoint.selection_split}' images), device {trainer.device}"
         + (f", {ctx.world_size} DDP process{'es' if ctx.world_size > 1 else ''} ({ctx.backend}), global batch "
@@ -188,17 +193,25 @@ def follow_train(order: dict[str, Any]) -> TrainResult:
 
 
 def build_trainer(run: GeneratedRun, run_dir: Path, ds: PreparedDataset, cache: Any, train_ids: list[str],
-             val_ids: list[str], track: Tracker, log: Logger, ctx: distributed.DistContext | None) -> Trainer:
-    """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank)."""
+             val_ids: list[str], track: Tracker, log: Logger, ctx: distributed.DistContext | None,
+             unlabelled_ids: list[str] | None = None) -> Trainer:
+    """The datasets, the seeded initial model and the :class:`Trainer` of one run (the same on every rank);
+    ``unlabelled_ids``: the unlabelled pool of a ``mean_teacher``/``cps`` run (images only, with their own copy
+    of the training augmentation)."""
     cfg = run.config
     a = cfg.train.augment
     aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1] else 0,
                              a.brightness_contrast, seed=cfg.random_seed)
     train_ds = SegmentationDataset(cache, train_ids, cfg.data.normalize_mean, cfg.data.normalize_std, aug)
     val_ds = SegmentationDataset(cache, val_ids, cfg.data.normalize_mean, cfg.data.normalize_std)
+    unl_ds = None
+    if unlabelled_ids:
+        unl_aug = build_augmentation(a.hflip, a.vflip, a.rotate90 if cfg.data.input_size[0] == cfg.data.input_size[1]
+                                     else 0, a.brightness_contrast, seed=cfg.random_seed)
+        unl_ds = UnlabelledImageDataset(cache, unlabelled_ids, cfg.data.normalize_mean, cfg.data.normalize_std, unl_aug)
     seed_everything(cfg.random_seed)  # the initial weights depend on the run seed only
     model = build_model(cfg.model, len(ds.foreground_classes))
-    return Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log, dist=ctx)
+    return Trainer(cfg, run_dir, model, train_ds, val_ds, run.config_hash, track, log, dist=ctx, unlabelled_ds=unl_ds)
 
 
 def run_fold(run_dir: Path) -> int:

@@ -25,11 +25,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from msb.config.schema import RunConfig
 from msb.data.torch_dataset import SegmentationDataset
@@ -40,6 +40,9 @@ from msb.engine.distributed import DistContext
 from msb.engine.determinism import epoch_seed, get_rng_state, seed_everything, set_full_determinism, set_rng_state
 from msb.engine.losses import multi_output_loss
 from msb.engine.multiscale import scaled_batches
+from msb.engine.optim import build_optimizer, build_scheduler
+from msb.engine.strategies import build_strategy
+from msb.models.two_prediction import combine_probabilities
 from msb.evaluation.counts import compute_confusion_counts
 from msb.errors import MSBError
 from msb.evaluation.postprocess import apply_normalisation
@@ -53,40 +56,6 @@ from msb.utils.io_errors import write_guard
 from msb.utils.progress import Tracker, no_track
 
 __all__ = ["Trainer", "TrainResult", "build_optimizer", "build_scheduler"]
-
-
-def build_optimizer(params: Iterable[torch.nn.Parameter] | torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    """AdamW / Adam / SGD from ``cfg.train.optimizer``. ``params`` may be the model itself: with
-    ``backbone_lr_mult != 1`` its ``backbone.*`` parameters then form a second group at ``lr * backbone_lr_mult``
-    (SANet's recipe); an :class:`MSBError` is raised when the model has no ``backbone`` parameters."""
-    o = cfg.train.optimizer
-    if isinstance(params, torch.nn.Module):
-        named = list(params.named_parameters())
-        params = [p for _, p in named]
-        if o.backbone_lr_mult != 1.0:
-            back = [p for n, p in named if n.startswith("backbone.")]
-            if not back:
-                raise MSBError(f"train.optimizer.backbone_lr_mult: architecture '{cfg.model.arch}' has no "
-                               f"'backbone' module; remove the key")
-            params = [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": o.lr},
-                      {"params": back, "lr": o.lr * o.backbone_lr_mult}]
-    if o.name == "adamw":
-        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
-    if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=True)
-
-
-def build_scheduler(opt: torch.optim.Optimizer, cfg: RunConfig) -> torch.optim.lr_scheduler.LRScheduler:
-    """Per-epoch schedule from ``cfg.train.scheduler`` (``none`` = constant)."""
-    s = cfg.train.scheduler
-    if s.name == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.train.epochs)
-    if s.name == "step":
-        return torch.optim.lr_scheduler.StepLR(opt, step_size=s.step_size, gamma=s.gamma)
-    if s.name == "multistep":
-        return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(s.milestones), gamma=s.gamma)
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda _e: 1.0)
 
 
 @dataclass
@@ -124,11 +93,14 @@ class Trainer:
         dist: this process of a DDP job (:mod:`msb.engine.distributed`); None = a single process. Under DDP
             ``train.batch_size`` is the global batch, only rank 0 writes files, and every rank resumes from the
             same resume state.
+        unlabelled_ds: images-only dataset of the unlabelled pool (``train.strategy`` ``mean_teacher``/``cps``,
+            :mod:`msb.engine.strategies`); ``supervised`` (the default) never reads it.
     """
 
     def __init__(self, cfg: RunConfig, run_dir: Path, model: Segmentor, train_ds: SegmentationDataset,
                  val_ds: SegmentationDataset, config_hash: str = "", track: Tracker = no_track,
-                 log: Callable[[str], None] = lambda _m: None, dist: DistContext | None = None) -> None:
+                 log: Callable[[str], None] = lambda _m: None, dist: DistContext | None = None,
+                 unlabelled_ds: Dataset | None = None) -> None:
         self.cfg, self.run_dir, self.model, self.log = cfg, Path(run_dir), model, log
         self.train_ds, self.val_ds, self.config_hash, self.track = train_ds, val_ds, config_hash, track
         self.dist, self.is_main = dist, dist is None or dist.is_main
@@ -148,6 +120,7 @@ class Trainer:
         # consecutive optimizer steps with a non-finite loss or skipped by the fp16 scaler (AMP only)
         self.nonfinite_streak = 0
         self.steps_done = 0  # batches of the current epoch done (named by a divergence error)
+        self.strategy = build_strategy(self, unlabelled_ds)  # supervised: this class's own loop, unchanged
 
     def _fmt(self, x: torch.Tensor) -> torch.Tensor:
         """The model input in the configured memory format (``train.channels_last``)."""
@@ -156,6 +129,8 @@ class Trainer:
     # --- one epoch -------------------------------------------------------------------------------------
     def _train_epoch(self, epoch: int, seed: int) -> tuple[float, int]:
         """Train one epoch (``epoch`` 1-based, shown in the progress bar); returns (mean loss, images seen)."""
+        if self.strategy.own_loop:  # mean teacher, CPS: mixed batches over declared iterations
+            return self.strategy.train_epoch(epoch, seed)
         cfg = self.cfg
         self.train_ds.set_epoch_seed(seed)
         self.steps_done = 0
@@ -275,21 +250,28 @@ class Trainer:
         """Loss and image-macro Dice/IoU on the selection split at training resolution.
 
         Images whose reference and prediction are both empty have undefined Dice/IoU and are excluded
-        (the same rule as ``msb reaggregate``); if every image is excluded the value is NaN."""
-        self.model.eval()
+        (the same rule as ``msb reaggregate``); if every image is excluded the value is NaN. Semi-supervised
+        strategies validate the prediction of ``evaluation.two_prediction`` (the loss: the mean over its networks)."""
+        nets = self.strategy.eval_networks()
+        for net in nets:
+            net.eval()
         loader = DataLoader(self.val_ds, batch_size=self.cfg.train.batch_size, shuffle=False,
                             num_workers=self.cfg.data.num_workers)
         thr, on = self.cfg.evaluation.threshold, self.cfg.evaluation.threshold_on
         losses, tps, fps, fns = [], [], [], []
         for x, y, _ in loader:
             x, y = x.to(self.device), y.to(self.device)
-            with self.precision.context(self.device):
-                outputs = self.model(self._fmt(x))
-            outputs = [o.float() for o in outputs]
-            losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
-                                                  self.cfg.train.loss.bce_weighting)) * x.shape[0])
-            logits = self.model.adjust_test_logits(self.model.combine(outputs, tuple(y.shape[-2:])))
-            prob = apply_normalisation(torch.sigmoid(logits), self.cfg.evaluation.test_time_normalisation)
+            per_net, net_losses = [], []
+            for net in nets:
+                with self.precision.context(self.device):
+                    outputs = net(self._fmt(x))
+                outputs = [o.float() for o in outputs]
+                net_losses.append(float(multi_output_loss(outputs, y, self.cfg.train.loss.name,
+                                                          self.cfg.train.loss.bce_weighting)))
+                per_net.append(net.adjust_test_logits(net.combine(outputs, tuple(y.shape[-2:]))))
+            losses.append(sum(net_losses) / len(net_losses) * x.shape[0])
+            prob, logits = combine_probabilities(per_net)
+            prob = apply_normalisation(prob, self.cfg.evaluation.test_time_normalisation)
             pred = (prob >= thr) if on == "probability" else (logits >= thr)
             c = compute_confusion_counts(pred.cpu().numpy(), y.cpu().numpy() > 0.5)
             tps.append(c["tp"]), fps.append(c["fp"]), fns.append(c["fn"])
@@ -314,6 +296,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "best": best,
             "early_stopping": early, "rng": get_rng_state(), "history": history, "finished": finished,
             "config_hash": self.config_hash, "nonfinite_streak": self.nonfinite_streak,
+            **self.strategy.resume_state(),  # mean teacher / CPS: the other network, its optimizer, the iteration
         }
 
     def _save_checkpoint(self, role: str, epoch: int, value: float) -> None:
@@ -334,7 +317,8 @@ class Trainer:
     def _ckpt_payload(self, epoch: int) -> dict[str, Any]:
         """Checkpoint file contents after 1-based ``epoch``."""
         return {"model": self.model.state_dict(), "epoch": epoch, EPOCH_BASE_KEY: EPOCH_BASE,
-                "arch": self.cfg.model.arch, "num_classes": self.model_num_classes(), "config_hash": self.config_hash}
+                "arch": self.cfg.model.arch, "num_classes": self.model_num_classes(), "config_hash": self.config_hash,
+                **self.strategy.checkpoint_extra()}  # mean teacher: "teacher"; CPS: "model_b"
 
     def model_num_classes(self) -> int:
         """Number of output channels, read from the training masks."""
@@ -376,6 +360,7 @@ class Trainer:
             set_rng_state(state["rng"])
             best, early, history = state["best"], state["early_stopping"], state["history"]
             self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
+            self.strategy.load_resume_state(state)
             start = int(state["epoch"])  # epochs finished (load_state converts old 0-based states)
             self.log(f"resuming from epoch {start + 1} (state/train_state.pt)" if not state.get("finished")
                      else "training already finished, skipped")
@@ -404,6 +389,7 @@ class Trainer:
                                      f"{val['val_loss']} (non-finite predictions)")
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
+            self.strategy.scheduler_step()
             value = val[metric_key]
             improved = np.isfinite(value) and (
                 value > best["value"] + (cfg.train.early_stopping.min_delta if cfg.train.early_stopping else 0)

@@ -51,6 +51,7 @@ from msb.evaluation.counts import compute_confusion_counts, counts_rows
 from msb.evaluation.postprocess import apply_normalisation
 from msb.evaluation.protocol_context import protocol_context
 from msb.models.registry import build_model
+from msb.models.two_prediction import checkpoint_networks, combine_probabilities, test_time_rule_name
 from msb.utils.atomic import replace_dir, staging_dir
 from msb.utils.device import select_device
 from msb.utils.evaluation_folder import evaluate_command
@@ -124,19 +125,23 @@ def write_prediction_semantics(out_dir: Path, cfg: RunConfig, model: torch.nn.Mo
 
     Keys: ``model``, ``test_time_rule`` (``first``/``sum`` of the outputs), ``test_time_adjustment`` (e.g.
     ``pcs`` = SANet's probability correction, ``none``), ``test_time_normalisation`` (``none``/``minmax``),
-    ``upsampling`` (logits to the native size), ``threshold``, ``threshold_on``, ``prob_encoding``.
+    ``upsampling`` (logits to the native size), ``threshold``, ``threshold_on``, ``prob_encoding``; semi-supervised
+    runs add ``two_prediction`` (strategy, rule; :mod:`msb.models.two_prediction`).
     """
     import json
 
     from msb.utils.atomic import atomic_write_text
 
     ev = cfg.evaluation
-    sem = {"model": cfg.model.arch, "test_time_rule": model.test_time_rule,
+    sem = {"model": cfg.model.arch, "test_time_rule": test_time_rule_name(model.test_time_rule, cfg),
            "test_time_adjustment": getattr(model, "test_time_adjustment", "none"),
            "test_time_normalisation": ev.test_time_normalisation,
            "upsampling": "bilinear, align_corners=False, logits to the native image size",
            "threshold": float(ev.threshold), "threshold_on": ev.threshold_on,
            "prob_encoding": "uint8 round(255 * p), p after test_time_adjustment and test_time_normalisation"}
+    if cfg.train.strategy.name != "supervised":  # semi-supervised runs only: other files are unchanged
+        sem["two_prediction"] = {"strategy": cfg.train.strategy.name, "rule": ev.two_prediction or "average",
+                                 "combine": "mean of the networks' probabilities, each after its adjustment"}
     path = out_dir / "prediction_semantics.json"
     atomic_write_text(path, json.dumps(sem, indent=2))
     return path
@@ -173,10 +178,11 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     classes = ds.foreground_classes
     if external is not None:  # from here on, images and references come from the external dataset
         ds = external.dataset
-    model = build_model(cfg.model, len(classes))
-    model.load_state_dict(payload["model"])
+    nets = checkpoint_networks(cfg, payload, lambda: build_model(cfg.model, len(classes)),
+                               str(run_dir / "checkpoints" / f"{role}.pt"))  # two with evaluation.two_prediction
     device = select_device(cfg.train.device)
-    model.to(device).eval()
+    for net in nets:
+        net.to(device).eval()
     amp_dtype = resolve_precision(cfg.train.precision, device).autocast_dtype  # None = fp32
     cache = build_cache(ds, cfg.data.input_size, cfg.data.cache_dir, track)
     data = SegmentationDataset(cache, ids, cfg.data.normalize_mean, cfg.data.normalize_std)
@@ -187,7 +193,7 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     try:
         stage = staging_dir(out_dir)  # the old evaluation in out_dir stays untouched until the swap
         n = _evaluate_into(stage, run_dir, cfg, ds, role, run_id, config_hash, split, track, fold, external, ids,
-                           classes, model, device, amp_dtype, loader, rec.sha256)
+                           classes, nets, device, amp_dtype, loader, rec.sha256)
         fault_point("evaluate.staged")
         replace_dir(stage, out_dir)
     except OSError as exc:
@@ -215,11 +221,13 @@ _PENDING = 8
 
 def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                    config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
-                   ids: list[str], classes: list, model: torch.nn.Module, device: torch.device,
+                   ids: list[str], classes: list, nets: list[torch.nn.Module], device: torch.device,
                    amp_dtype: torch.dtype | None,
                    loader: torch.utils.data.DataLoader, checkpoint_sha256: str) -> int:
     """Write the complete evaluation (predictions, counts, semantics, metrics, digests) into the empty staging
-    folder ``out_dir``; return the number of images."""
+    folder ``out_dir``; return the number of images. ``nets``: the network, or the two of the run's
+    ``evaluation.two_prediction`` rule (their probabilities averaged)."""
+    model = nets[0]
     if external is not None:
         model_class_ids = [c.class_id for c in classes]
         src_class_ids = [c.class_id for c in external.dataset.foreground_classes]
@@ -233,7 +241,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     context = {"dataset": external.name if external is not None else cfg.data.name, "split": split, "fold": fold, "run_id": run_id,
                "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": checkpoint_sha256,
                "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded,
-               **protocol_context(cfg, run_dir, getattr(model, "test_time_rule", "first"), external is not None)}
+               **protocol_context(cfg, run_dir, test_time_rule_name(getattr(model, "test_time_rule", "first"), cfg),
+                                  external is not None)}
     per_image: list[dict[str, np.ndarray]] = []
     done_ids: list[str] = []
     heights: list[int] = []
@@ -252,8 +261,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     x = x.to(device)
                     if cfg.train.channels_last:
                         x = x.contiguous(memory_format=torch.channels_last)
-                    logits_small = model.predict_logits(x)
-                logits_small = logits_small.float()
+                    logits_small = [net.predict_logits(x) for net in nets]
+                logits_small = [ls.float() for ls in logits_small]
                 for k, i in enumerate(idx.tolist()):
                     sid = ids[i]
                     mpath = ds.mask_path(sid)
@@ -261,10 +270,11 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     if external is not None:
                         ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
                     h, w = ref.shape[-2:]
-                    logits = F.interpolate(logits_small[k: k + 1], size=(h, w), mode="bilinear",
-                                           align_corners=False)[0]
-                    logits = model.adjust_test_logits(logits[None])[0]  # e.g. SANet's PCS; identity by default
-                    prob = apply_normalisation(torch.sigmoid(logits), cfg.evaluation.test_time_normalisation)
+                    per_net = [net.adjust_test_logits(  # e.g. SANet's PCS; identity by default
+                        F.interpolate(ls[k: k + 1], size=(h, w), mode="bilinear", align_corners=False)[0][None])[0]
+                        for net, ls in zip(nets, logits_small)]
+                    prob, logits = combine_probabilities(per_net)  # one network: sigmoid(logits), logits
+                    prob = apply_normalisation(prob, cfg.evaluation.test_time_normalisation)
                     pred = (prob >= thr) if on == "probability" else (logits >= thr)
                     pred_np = pred.cpu().numpy()
                     per_image.append(compute_confusion_counts(pred_np[None], ref[None]))
