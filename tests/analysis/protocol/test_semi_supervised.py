@@ -148,3 +148,16 @@ def test_run_settings_from_config_or_variant():
     lab = pd.DataFrame({"sample_id": ["a", "b", "c", "d"], "labelled": [1, 0, 0, 0]})
     assert run_settings({"data": {"labelled_ids": "ids.csv"}}, "", lab)["labelled_fraction"] == 0.25
     assert run_settings({"data": {}})["declared"] is False
+
+
+def test_report_section(tmp_path):
+    """`msb report` shows the analysis in its protocol section (tables with ids, the figure, data files)."""
+    from msb.analysis.report import build_report
+
+    s = ss.build_semi_study(tmp_path, methods=("supervised", "cps"), fractions=(0.1,), seeds=(0, 1), metrics=False)
+    res = build_report(s, tmp_path / "rep", n_boot=0, protocol={"analyses": ["semi_supervised"], "n_boot": 250})
+    html = res.html.read_text(encoding="utf-8")
+    for t in ("scores", "summary", "paired"):
+        assert f'id="protocol-semi_supervised_{t}"' in html
+        assert (res.out_dir / "tables" / f"semi_supervised_{t}.tex").is_file()
+    assert "Semi-supervised protocol" in html and (res.out_dir / "figures" / "semi_supervised.svg").is_file()
