@@ -189,7 +189,7 @@ def semi_supervised_scores(counts: pd.DataFrame, metrics: pd.DataFrame | None = 
 
     Returns:
         One row per run: ``dataset, split, input_size, method, method_label, labelled_fraction, seed, run_id,
-        n_images, dice_gm, dice_im, iou_gm, iou_im, hd95, card_dice, card_iou, card_hd95, n_card_hd95_refused``
+        test_time_rule, n_images, dice_gm, dice_im, iou_gm, iou_im, hd95, card_dice, card_iou, card_hd95, n_card_hd95_refused``
         (-1: no card columns), ``hd_convention``, ``distance_unit``.
 
     Raises:
@@ -203,7 +203,9 @@ def semi_supervised_scores(counts: pd.DataFrame, metrics: pd.DataFrame | None = 
         rid = str(t.keys["run_id"].iloc[0])
         m = metrics[metrics["run_id"] == rid] if metrics is not None else None
         conv = sorted(set(m["hd_convention"].astype(str))) if m is not None and "hd_convention" in m else []
-        out.append({**dict(zip(_CELL, key)), "run_id": rid, "n_images": t.n_images, **_cell_scores(t),
+        rule = ",".join(sorted(set(rows.loc[rows["run_id"] == rid, "test_time_rule"].astype(str))))
+        out.append({**dict(zip(_CELL, key)), "run_id": rid, "test_time_rule": rule, "n_images": t.n_images,
+                    **_cell_scores(t),
                     "hd_convention": ",".join(conv), "distance_unit": distance_unit(m)})
     return pd.DataFrame(out)
 
@@ -294,7 +296,7 @@ def scores_table(scores: pd.DataFrame) -> PaperTable:
     unit = ",".join(sorted(set(scores["distance_unit"].astype(str))))
     base = {"Dataset": scores["dataset"], "Input (px)": scores["input_size"],
             "Method": scores["method_label"].map(_method_name), "Labelled": scores["labelled_fraction"].map(_pct),
-            "Seed": scores["seed"], "Images": scores["n_images"]}
+            "Seed": scores["seed"], "Test-time rule": scores["test_time_rule"], "Images": scores["n_images"]}
     names = {**SCORES, "hd95": hd, "card_hd95": f"card \"HD95\" as written ({unit})"}
     vals = pd.DataFrame({**base, **{names[k]: scores[k] for k in SCORES},
                          "card HD95 refused": scores["n_card_hd95_refused"]})

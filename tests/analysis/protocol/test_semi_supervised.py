@@ -49,6 +49,7 @@ def test_scores_by_hand_medpy_and_card_formula(study):
     t = _table(study, "semi_supervised_scores")
     assert len(t) == 12 and sorted(set(t["Method"])) == ["CPS", "Mean teacher", "Supervised only"]
     assert sorted(set(t["Labelled"])) == ["10 %", "30 %"] and set(t["Images"]) == {8}
+    assert set(t.loc[t["Method"] == "CPS", "Test-time rule"]) == {"average"}  # as recorded in the counts
     row = t[(t["Method"] == "Mean teacher") & (t["Labelled"] == "30 %") & (t["Seed"] == 1)].iloc[0]
     hand = _by_hand("mean_teacher", 0.3, 1)
     assert float(row["Dice (global-micro)"]) == pytest.approx(hand["dice_gm"])
