@@ -189,8 +189,8 @@ def semi_supervised_scores(counts: pd.DataFrame, metrics: pd.DataFrame | None = 
 
     Returns:
         One row per run: ``dataset, split, input_size, method, method_label, labelled_fraction, seed, run_id,
-        test_time_rule, n_images, dice_gm, dice_im, iou_gm, iou_im, hd95, card_dice, card_iou, card_hd95, n_card_hd95_refused``
-        (-1: no card columns), ``hd_convention``, ``distance_unit``.
+        test_time_rule, n_images, dice_gm, dice_im, iou_gm, iou_im, hd95, card_dice, card_iou, card_hd95,
+        n_card_hd95_refused`` (-1: no card columns), ``hd_convention``, ``distance_unit``.
 
     Raises:
         AnalysisSkipped: no semi-supervised run, or two runs in one cell. MSBError: mixed split protocols.
