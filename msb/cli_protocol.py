@@ -12,7 +12,7 @@ from msb.errors import MSBError
 __all__ = ["ANALYSES_HELP", "protocol_analyses_cli"]
 
 ANALYSES_HELP = ("Protocol analyses (docs/protocols.md), comma-separated or 'all': ranking_sensitivity, "
-                 "resolution_delta, efficiency, external_transfer, p1, p2, p3, lesion, wilcoxon, checklist.")
+                 "resolution_delta, efficiency, external_transfer, p1, p2, p3, lesion, wilcoxon, checklist, semi_supervised.")
 
 
 def protocol_analyses_cli(paths: Sequence[Path], analyses: str, out: Path | None, allow_mixed: bool, seed: int,

@@ -28,6 +28,7 @@ TITLES: dict[str, str] = {
     "p1": "P1: Dice, recall, HD95 per test set", "p2": "P2: random-split seeds",
     "p3": "P3: pooled and per centre", "lesion": "Lesion-level detection",
     "wilcoxon": "Paired Wilcoxon tests per test set (BH)", "checklist": "Polyp Segmentation Reporting Checklist",
+    "semi_supervised": "Semi-supervised protocol: methods x labelled fractions x seeds",
 }
 
 

@@ -6,6 +6,8 @@ MSB case study (MedSegBenchmarker, §4): ``ranking_sensitivity`` (G/I/C, Table 2
 Polyp audit ("Metrics or Mirage?"): ``p1``, ``p2``, ``p3`` (Tables 3, 4, 6), ``lesion`` (Table 5 + IoU
 robustness), ``wilcoxon`` (BH-corrected paired tests with rank-biserial effect sizes and bootstrap CIs),
 ``checklist`` (the five-point PSRC). docs/protocols.md, section "Analyses".
+Semi-supervised cards: ``semi_supervised`` (methods x labelled fractions x seeds, paired differences against
+supervised-only; :mod:`msb.analysis.protocol.semi_supervised`, docs/semi_supervised.md).
 
 :func:`write_protocol_analyses` finds the artifacts (:func:`~msb.analysis.protocol.inputs.load_study`), runs the
 named analyses, and writes ``tables/<name>.csv|tex|md``, ``figures/<name>.png|svg``, ``data/<name>.csv`` (tidy
@@ -27,6 +29,7 @@ from msb.analysis.protocol import (checklist, efficiency, lesion_detection, poly
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable
 from msb.analysis.protocol.inputs import StudyArtifacts, load_study
 from msb.analysis.protocol.writers import write_figure, write_frame, write_table
+from msb.analysis.protocol.semi_supervised import run as semi_supervised_run
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text, current_umask, replace_dir
 
@@ -45,6 +48,7 @@ ANALYSES: dict[str, Callable[[StudyArtifacts, dict], AnalysisOutput]] = {
     "lesion": lesion_detection.run,
     "wilcoxon": wilcoxon.run,
     "checklist": checklist.run,
+    "semi_supervised": semi_supervised_run,
 }
 
 

@@ -55,7 +55,8 @@ def _dice(tp, fp, fn):
 def test_every_analysis_written_or_skipped_with_a_reason(study):
     out = study / "protocol"
     skipped = json.loads((out / "skipped.json").read_text())["skipped"]
-    assert set(skipped) == {"p2"} and "random split" in skipped["p2"]
+    assert set(skipped) == {"p2", "semi_supervised"} and "random split" in skipped["p2"]
+    assert "data.labelled_fraction" in skipped["semi_supervised"]  # no labelled subset, no strategy
     for name in ("ranking_sensitivity", "resolution_delta", "efficiency", "external_transfer", "p1", "p3", "lesion",
                  "wilcoxon", "checklist"):
         for suffix in (".csv", ".tex", ".md"):
@@ -221,4 +222,4 @@ def test_file_formats(study):
 
 def test_registry_names():
     assert list(ANALYSES) == ["ranking_sensitivity", "resolution_delta", "efficiency", "external_transfer", "p1",
-                              "p2", "p3", "lesion", "wilcoxon", "checklist"]
+                              "p2", "p3", "lesion", "wilcoxon", "checklist", "semi_supervised"]
