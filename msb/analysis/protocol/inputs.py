@@ -123,10 +123,12 @@ def check_one_protocol(df: pd.DataFrame, what: str, allow_mixed: bool = False, f
     """
     if allow_mixed or "split_policy" not in df.columns or len(df) == 0:
         return
-    vals = df["train_split_policy" if "train_split_policy" in df.columns else "split_policy"].astype(str)
-    # an external set is evaluated "external-only" by the models of the study's training protocol: beside that
-    # one protocol it is not a second one (a P1 table with internal and external test sets is one protocol)
-    vals = vals[vals != EXTERNAL_ONLY]
+    if "train_split_policy" in df.columns:  # external rows carry their model's training protocol
+        vals = df["train_split_policy"].astype(str)
+    else:  # an external set is evaluated "external-only" by the models of the study's training protocol: beside
+        # that one protocol it is not a second one (a P1 table with internal and external test sets is one protocol)
+        vals = df["split_policy"].astype(str)
+        vals = vals[vals != EXTERNAL_ONLY]
     found = sorted(set(vals.map(protocol_family) if family else vals))
     if len(found) > 1:
         raise MSBError(f"{what}: rows come from different split protocols {found}; numbers from different "
