@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from msb.config.metrics_schema import MetricsConfig
 from msb.config.schema import RunConfig
 from msb.data.cache import build_cache
 from msb.data.schema import PreparedDataset, mask_to_onehot, read_mask
@@ -242,6 +243,12 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     # prediction files are deflate-compressed by one background thread (zlib releases the GIL), overlapping the
     # next images' forward pass; at most _PENDING files wait, and every write has finished (its error raised
     # here) before counts.parquet is written
+    # the metrics table is computed from the same arrays by that thread (no read-back of the files), unless
+    # legacy metrics need probability maps that are not kept (then the read-back raises its usual error)
+    metrics_cfg = cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None
+    if metrics_cfg is not None and metrics_cfg.legacy and not cfg.evaluation.save_probabilities:
+        metrics_cfg = None
+    metric_rows: dict[str, list[dict[str, object]]] | None = {} if metrics_cfg is not None else None
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msb-npz")
     pending: deque[Future] = deque()
     try:
@@ -273,8 +280,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     widths.append(w)
                     prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                                if cfg.evaluation.save_probabilities else None)
-                    pending.append(writer.submit(write_prediction_file, pred_dir, sid, pred_np, ref, ds.spacing(sid),
-                                                 class_ids, prob_u8))
+                    pending.append(writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, ds.spacing(sid),
+                                                 class_ids, prob_u8, metrics_cfg, metric_rows))
                     while len(pending) > _PENDING or (pending and pending[0].done()):
                         pending.popleft().result()
                     fault_point("evaluate.prediction")
@@ -288,5 +295,18 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                         sources=[str(source_of.get(s, "") or "") for s in done_ids])
     finish_evaluation_folder(out_dir, [frame], lambda d: write_prediction_semantics(d, cfg, model),
                              cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None,
-                             evaluate_command(run_dir, role, external.name if external is not None else None))
+                             evaluate_command(run_dir, role, external.name if external is not None else None),
+                             metric_rows)
     return len(ids)
+
+
+def _write_and_score(pred_dir: Path, sid: str, pred: np.ndarray, ref: np.ndarray, spacing: tuple[float, float],
+                     class_ids: np.ndarray, prob_u8: np.ndarray | None, metrics_cfg: MetricsConfig | None,
+                     rows: dict | None) -> None:
+    """Background job of one image: write its prediction file, then (``rows`` not None) put its metrics rows,
+    computed from the same arrays as the file holds, into ``rows[sid]``."""
+    path = write_prediction_file(pred_dir, sid, pred, ref, spacing, class_ids, prob_u8)
+    if rows is not None:
+        from msb.evaluation.image_metrics import image_metric_rows
+
+        rows[sid] = image_metric_rows(path, pred, ref, spacing, class_ids, metrics_cfg, prob_u8)
