@@ -29,6 +29,7 @@ native-size logits and, with ``test_time_normalisation: minmax``, each probabili
 from __future__ import annotations
 
 import errno
+import math
 import shutil
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.schema import RunConfig
 from msb.data.cache import build_cache
-from msb.data.schema import PreparedDataset, mask_to_onehot, read_mask
+from msb.data.schema import OPTIONAL_INDEX_COLUMNS, PreparedDataset, mask_to_onehot, read_mask
 from msb.data.splits import read_split_file
 from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_checkpoint
@@ -235,6 +236,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                "model": cfg.model.arch, "checkpoint_role": role, "checkpoint_sha256": checkpoint_sha256,
                "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded,
                **protocol_context(cfg, run_dir, getattr(model, "test_time_rule", "first"), external is not None)}
+    mask_paths, spacings = _sample_lookups(ds, ids)  # once, column-wise, not a pandas row per image
     per_image: list[dict[str, np.ndarray]] = []
     done_ids: list[str] = []
     heights: list[int] = []
@@ -263,7 +265,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                 logits_small = logits_small.float()
                 for k, i in enumerate(idx.tolist()):
                     sid = ids[i]
-                    mpath = ds.mask_path(sid)
+                    mpath = mask_paths[sid]
                     ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
                     if external is not None:
                         ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
@@ -280,7 +282,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     widths.append(w)
                     prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                                if cfg.evaluation.save_probabilities else None)
-                    pending.append(writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, ds.spacing(sid),
+                    pending.append(writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid],
                                                  class_ids, prob_u8, metrics_cfg, metric_rows))
                     while len(pending) > _PENDING or (pending and pending[0].done()):
                         pending.popleft().result()
@@ -298,6 +300,25 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                              evaluate_command(run_dir, role, external.name if external is not None else None),
                              metric_rows)
     return len(ids)
+
+
+def _sample_lookups(ds: PreparedDataset, ids: list[str]) -> tuple[dict[str, Path], dict[str, tuple[float, float]]]:
+    """Mask path and (row, col) spacing (mm/px) of every id: the values of ``ds.mask_path`` / ``ds.spacing``,
+    read from the index columns once instead of one pandas row per image. An id missing from the index is
+    looked up the per-image way, which raises its usual MSBError."""
+    pos = {str(s): k for k, s in enumerate(ds.index["sample_id"])}
+    if any(str(s) not in pos for s in ids) or len(pos) != len(ds.index):
+        return {s: ds.mask_path(s) for s in ids}, {s: ds.spacing(s) for s in ids}
+    rows = [pos[str(s)] for s in ids]
+    mask_col = ds.index["mask_path"].tolist()
+    masks = {s: ds.root / str(mask_col[r]) for s, r in zip(ids, rows)}
+    cols = [ds.index[c].tolist() if c in ds.index.columns else None for c in OPTIONAL_INDEX_COLUMNS]
+
+    def one(v: object) -> float:  # as PreparedDataset.spacing: 1.0 where the cell is empty
+        return 1.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # type: ignore[arg-type]
+
+    spacing = {s: tuple(1.0 if c is None else one(c[r]) for c in cols) for s, r in zip(ids, rows)}
+    return masks, spacing  # type: ignore[return-value]
 
 
 def _write_and_score(pred_dir: Path, sid: str, pred: np.ndarray, ref: np.ndarray, spacing: tuple[float, float],

@@ -80,3 +80,21 @@ def test_evaluate_checkpoint_metrics_equal_the_stored_predictions(tmp_path: Path
     assert len(ours) == 6 and ours["run_id"].eq("t").all()
     pd.testing.assert_frame_equal(ours, pd.read_parquet(recomputed), check_exact=True)
     assert res.metrics_path.read_bytes() == recomputed.read_bytes()
+
+
+def test_sample_lookups_equal_the_dataset_methods(tmp_path: Path) -> None:
+    """The evaluator's column-wise look-up gives what ``ds.mask_path`` / ``ds.spacing`` give per id, including
+    empty (None, NaN) spacing cells read as 1.0."""
+    from msb.data.schema import load_prepared_dataset
+    from msb.data.synth import make_synthetic_dataset
+    from msb.evaluation.evaluator import _sample_lookups
+
+    make_synthetic_dataset(tmp_path / "x", n_samples=6, size=(32, 32))
+    ds = load_prepared_dataset(tmp_path / "x")
+    ids = ds.sample_ids[1:5]
+    assert _sample_lookups(ds, ids) == ({i: ds.mask_path(i) for i in ids}, {i: (1.0, 1.0) for i in ids})
+    ds.index["spacing_row"] = [0.5, None, 2.0, float("nan"), 4.0, 5.0]
+    ds.index["spacing_col"] = 0.25
+    masks, spacing = _sample_lookups(ds, ids)
+    assert spacing == {i: ds.spacing(i) for i in ids}
+    assert spacing[ids[0]] == (1.0, 0.25) and spacing[ids[1]] == (2.0, 0.25) and spacing[ids[2]] == (1.0, 0.25)
