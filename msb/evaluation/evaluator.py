@@ -10,7 +10,8 @@ the preprocessing cache (the same resized inputs as training), upsamples the tes
 - ``predictions/<sample_id>.npz``: ``pred``/``ref`` bool (C, H, W), ``prob`` uint8 (C, H, W) =
   round(255·sigmoid) (the 8-bit maps the polyp protocol saves as PNG), ``spacing`` (row, col) mm/px,
   ``class_ids``;
-- ``metrics.parquet``: boundary and lesion metrics from the stored predictions (``docs/metrics.md``);
+- ``metrics.parquet``: boundary and lesion metrics of the predictions, computed from the arrays in memory as the
+  files are written (the same table ``msb metrics`` computes from the stored files; ``docs/metrics.md``);
 - ``prediction_semantics.json``: test-time rule, the model's test-time adjustment (SANet PCS), the
   ``evaluation.test_time_normalisation`` (``none``/``minmax``), threshold (:func:`write_prediction_semantics`);
 - ``digests.json``: SHA-256 of every file above and the command that regenerates the folder
