@@ -55,7 +55,8 @@ def write_prediction_file(pred_dir: Path, sample_id: str, pred: np.ndarray, ref:
 
 
 def finish_evaluation_folder(out_dir: Path, frames: list[pd.DataFrame], write_semantics: Callable[[Path], Path],
-                             metrics: MetricsConfig | None, regenerate: str) -> None:
+                             metrics: MetricsConfig | None, regenerate: str,
+                             metric_rows: dict[str, list[dict[str, object]]] | None = None) -> None:
     """Write ``counts.parquet``, the semantics file, ``metrics.parquet`` (unless ``metrics`` is None) and, last,
     ``digests.json`` into the (staging) evaluation folder ``out_dir`` whose ``predictions/`` are written.
 
@@ -65,6 +66,8 @@ def finish_evaluation_folder(out_dir: Path, frames: list[pd.DataFrame], write_se
         write_semantics: writes ``out_dir/prediction_semantics.json`` (what produced the predictions).
         metrics: metric settings of ``metrics.parquet``; None to skip the table.
         regenerate: the command that rewrites the folder, recorded in ``digests.json``.
+        metric_rows: sample id -> its metrics rows (:func:`msb.evaluation.image_metrics.image_metric_rows`)
+            computed from the arrays written to ``predictions/``; None = read the stored predictions back.
 
     Raises:
         MSBError: a stored prediction cannot be read back by the metric engine.
@@ -75,5 +78,5 @@ def finish_evaluation_folder(out_dir: Path, frames: list[pd.DataFrame], write_se
     if metrics is not None:
         from msb.evaluation.image_metrics import write_metrics_table
 
-        write_metrics_table(out_dir, metrics)
+        write_metrics_table(out_dir, metrics, metric_rows)
     seal_folder(out_dir, regenerate)

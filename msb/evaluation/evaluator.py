@@ -10,7 +10,8 @@ the preprocessing cache (the same resized inputs as training), upsamples the tes
 - ``predictions/<sample_id>.npz``: ``pred``/``ref`` bool (C, H, W), ``prob`` uint8 (C, H, W) =
   round(255·sigmoid) (the 8-bit maps the polyp protocol saves as PNG), ``spacing`` (row, col) mm/px,
   ``class_ids``;
-- ``metrics.parquet``: boundary and lesion metrics from the stored predictions (``docs/metrics.md``);
+- ``metrics.parquet``: boundary and lesion metrics of the predictions, computed from the arrays in memory as the
+  files are written (the same table ``msb metrics`` computes from the stored files; ``docs/metrics.md``);
 - ``prediction_semantics.json``: test-time rule, the model's test-time adjustment (SANet PCS), the
   ``evaluation.test_time_normalisation`` (``none``/``minmax``), threshold (:func:`write_prediction_semantics`);
 - ``digests.json``: SHA-256 of every file above and the command that regenerates the folder
@@ -29,6 +30,7 @@ native-size logits and, with ``test_time_normalisation: minmax``, each probabili
 from __future__ import annotations
 
 import errno
+import math
 import shutil
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,9 +41,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from msb.config.metrics_schema import MetricsConfig
 from msb.config.schema import RunConfig
 from msb.data.cache import build_cache
-from msb.data.schema import PreparedDataset, mask_to_onehot, read_mask
+from msb.data.schema import OPTIONAL_INDEX_COLUMNS, PreparedDataset, mask_to_onehot, read_mask
 from msb.data.splits import read_split_file
 from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_checkpoint
@@ -243,6 +246,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                "config_hash": config_hash, "threshold": float(thr), "threshold_on": on_recorded,
                **protocol_context(cfg, run_dir, test_time_rule_name(getattr(model, "test_time_rule", "first"), cfg),
                                   external is not None)}
+    mask_paths, spacings = _sample_lookups(ds, ids)  # once, column-wise, not a pandas row per image
     per_image: list[dict[str, np.ndarray]] = []
     done_ids: list[str] = []
     heights: list[int] = []
@@ -251,6 +255,12 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     # prediction files are deflate-compressed by one background thread (zlib releases the GIL), overlapping the
     # next images' forward pass; at most _PENDING files wait, and every write has finished (its error raised
     # here) before counts.parquet is written
+    # the metrics table is computed from the same arrays by that thread (no read-back of the files), unless
+    # legacy metrics need probability maps that are not kept (then the read-back raises its usual error)
+    metrics_cfg = cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None
+    if metrics_cfg is not None and metrics_cfg.legacy and not cfg.evaluation.save_probabilities:
+        metrics_cfg = None
+    metric_rows: dict[str, list[dict[str, object]]] | None = {} if metrics_cfg is not None else None
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msb-npz")
     pending: deque[Future] = deque()
     try:
@@ -265,7 +275,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                 logits_small = [ls.float() for ls in logits_small]
                 for k, i in enumerate(idx.tolist()):
                     sid = ids[i]
-                    mpath = ds.mask_path(sid)
+                    mpath = mask_paths[sid]
                     ref = mask_to_onehot(read_mask(mpath), ds.classes, mpath)
                     if external is not None:
                         ref = map_reference_classes(ref, src_class_ids, external.class_map, model_class_ids)
@@ -283,8 +293,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     widths.append(w)
                     prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                                if cfg.evaluation.save_probabilities else None)
-                    pending.append(writer.submit(write_prediction_file, pred_dir, sid, pred_np, ref, ds.spacing(sid),
-                                                 class_ids, prob_u8))
+                    pending.append(writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid],
+                                                 class_ids, prob_u8, metrics_cfg, metric_rows))
                     while len(pending) > _PENDING or (pending and pending[0].done()):
                         pending.popleft().result()
                     fault_point("evaluate.prediction")
@@ -298,5 +308,37 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                         sources=[str(source_of.get(s, "") or "") for s in done_ids])
     finish_evaluation_folder(out_dir, [frame], lambda d: write_prediction_semantics(d, cfg, model),
                              cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None,
-                             evaluate_command(run_dir, role, external.name if external is not None else None))
+                             evaluate_command(run_dir, role, external.name if external is not None else None),
+                             metric_rows)
     return len(ids)
+
+
+def _sample_lookups(ds: PreparedDataset, ids: list[str]) -> tuple[dict[str, Path], dict[str, tuple[float, float]]]:
+    """Mask path and (row, col) spacing (mm/px) of every id: the values of ``ds.mask_path`` / ``ds.spacing``,
+    read from the index columns once instead of one pandas row per image. An id missing from the index is
+    looked up the per-image way, which raises its usual MSBError."""
+    pos = {str(s): k for k, s in enumerate(ds.index["sample_id"])}
+    if any(str(s) not in pos for s in ids) or len(pos) != len(ds.index):
+        return {s: ds.mask_path(s) for s in ids}, {s: ds.spacing(s) for s in ids}
+    rows = [pos[str(s)] for s in ids]
+    mask_col = ds.index["mask_path"].tolist()
+    masks = {s: ds.root / str(mask_col[r]) for s, r in zip(ids, rows)}
+    cols = [ds.index[c].tolist() if c in ds.index.columns else None for c in OPTIONAL_INDEX_COLUMNS]
+
+    def one(v: object) -> float:  # as PreparedDataset.spacing: 1.0 where the cell is empty
+        return 1.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)  # type: ignore[arg-type]
+
+    spacing = {s: tuple(1.0 if c is None else one(c[r]) for c in cols) for s, r in zip(ids, rows)}
+    return masks, spacing  # type: ignore[return-value]
+
+
+def _write_and_score(pred_dir: Path, sid: str, pred: np.ndarray, ref: np.ndarray, spacing: tuple[float, float],
+                     class_ids: np.ndarray, prob_u8: np.ndarray | None, metrics_cfg: MetricsConfig | None,
+                     rows: dict | None) -> None:
+    """Background job of one image: write its prediction file, then (``rows`` not None) put its metrics rows,
+    computed from the same arrays as the file holds, into ``rows[sid]``."""
+    path = write_prediction_file(pred_dir, sid, pred, ref, spacing, class_ids, prob_u8)
+    if rows is not None:
+        from msb.evaluation.image_metrics import image_metric_rows
+
+        rows[sid] = image_metric_rows(path, pred, ref, spacing, class_ids, metrics_cfg, prob_u8)

@@ -45,6 +45,7 @@ __all__ = [
     "CONTEXT_COLUMNS",
     "CONVENTION_COLUMNS",
     "compute_image_metrics",
+    "image_metric_rows",
     "metrics_table_from_predictions",
     "nsd_column",
     "summarize_metrics",
@@ -196,16 +197,39 @@ def metrics_table_from_predictions(pred_dir: Path, config: MetricsConfig) -> pd.
     rows = []
     for path in files:
         data = _load_prediction(path, config.legacy)
-        spacing = tuple(float(s) for s in data["spacing"].reshape(-1))
-        if not all(math.isfinite(s) and s > 0 for s in spacing):
-            raise MSBError(f"{path}: spacing must be positive and finite, got {spacing}")
-        class_ids = data["class_ids"].reshape(-1)
-        for c, class_id in enumerate(class_ids):
-            prob = data["prob"][c] if config.legacy else None
-            row: dict[str, object] = {"image_id": path.stem, "class_id": int(class_id)}
-            row.update(compute_image_metrics(data["pred"][c], data["ref"][c], spacing, config, prob))
-            rows.append(row)
+        rows.extend(image_metric_rows(path, data["pred"], data["ref"], data["spacing"], data["class_ids"], config,
+                                      data["prob"] if config.legacy else None))
     return pd.DataFrame(rows)
+
+
+def image_metric_rows(path: Path, pred: np.ndarray, ref: np.ndarray, spacing: Sequence[float] | np.ndarray,
+                      class_ids: Sequence[int] | np.ndarray, config: MetricsConfig,
+                      prob: np.ndarray | None = None) -> list[dict[str, object]]:
+    """The metrics rows of ONE prediction file ``path`` (its stem = ``image_id``), one per class channel.
+
+    What :func:`metrics_table_from_predictions` computes per file, callable on the arrays in memory (the
+    evaluator computes the table while it writes the files, instead of reading them back).
+
+    Args:
+        path: the prediction file (``<sample_id>.npz``); names the image and any error.
+        pred, ref: bool (C, H, W); spacing: (row, col) mm/px (2 values); class_ids: int (C,);
+        prob: uint8 (C, H, W) ``round(255 p)``, only read when ``config.legacy``.
+
+    Returns:
+        Dicts with ``image_id``, ``class_id`` and the columns of :func:`compute_image_metrics`.
+
+    Raises:
+        MSBError: spacing not positive and finite.
+    """
+    sp = tuple(float(s) for s in np.asarray(spacing, dtype=np.float64).reshape(-1))
+    if not all(math.isfinite(s) and s > 0 for s in sp):
+        raise MSBError(f"{path}: spacing must be positive and finite, got {sp}")
+    rows = []
+    for c, class_id in enumerate(np.asarray(class_ids, dtype=np.int64).reshape(-1)):
+        row: dict[str, object] = {"image_id": Path(path).stem, "class_id": int(class_id)}
+        row.update(compute_image_metrics(pred[c], ref[c], sp, config, prob[c] if config.legacy else None))
+        rows.append(row)
+    return rows
 
 
 def _attach_context(table: pd.DataFrame, counts_path: Path) -> pd.DataFrame:
@@ -230,8 +254,13 @@ def _attach_context(table: pd.DataFrame, counts_path: Path) -> pd.DataFrame:
     return merged[front + [c for c in merged.columns if c not in front]]
 
 
-def write_metrics_table(eval_dir: Path, config: MetricsConfig) -> Path:
+def write_metrics_table(eval_dir: Path, config: MetricsConfig,
+                        rows: dict[str, list[dict[str, object]]] | None = None) -> Path:
     """Compute the metrics of ``eval_dir/predictions/*.npz`` and write ``eval_dir/metrics.parquet`` atomically.
+
+    With ``rows`` (sample id -> its :func:`image_metric_rows`, computed from the arrays just written to
+    ``predictions/``, one entry per file there), the files are not read back; the table is the same (files in
+    sorted file-name order).
 
     Context columns (:data:`CONTEXT_COLUMNS`) are copied from ``eval_dir/counts.parquet`` when it exists
     (left join on ``image_id``, ``class_id``), and placed first.
@@ -247,7 +276,10 @@ def write_metrics_table(eval_dir: Path, config: MetricsConfig) -> Path:
         MSBError: no predictions in ``eval_dir/predictions``, a bad prediction file or unreadable counts.
     """
     eval_dir = Path(eval_dir)
-    table = metrics_table_from_predictions(eval_dir / "predictions", config)
+    if rows is None:
+        table = metrics_table_from_predictions(eval_dir / "predictions", config)
+    else:  # the order of sorted(glob("*.npz")): by file name
+        table = pd.DataFrame([r for sid in sorted(rows, key=lambda s: f"{s}.npz") for r in rows[sid]])
     counts_path = eval_dir / "counts.parquet"
     if counts_path.is_file():
         table = _attach_context(table, counts_path)

@@ -60,6 +60,7 @@ def test_bench_metrics_quick(tmp_path: Path, shared_dir: Path) -> None:
 def test_bench_eval_quick(tmp_path: Path) -> None:
     rows = _run("bench_eval.py", tmp_path)
     assert rows[0]["check"].startswith("16 of 16 ")
+    assert "identical TP/FP/FN (exact) in 16 (0 differing" in rows[0]["check"]  # bit-identical forward
 
 
 @pytest.mark.slow
