@@ -42,14 +42,19 @@ class IdenticalGroup:
                 f"({self.reason}; {self.n_images} images): shown once, as {self.kept}")
 
 
-def _counts_equal(a: System, b: System) -> bool:
-    ka = a.rows.sort_values(_KEY)[[*_KEY, *_COUNT_COLUMNS]].reset_index(drop=True)
-    kb = b.rows.sort_values(_KEY)[[*_KEY, *_COUNT_COLUMNS]].reset_index(drop=True)
+def _sorted_counts(s: System) -> np.ndarray:
+    """The system's ``(key, counts)`` rows sorted by key, as one object array (compared cell by cell)."""
+    k = s.rows.sort_values(_KEY)[[*_KEY, *_COUNT_COLUMNS]].reset_index(drop=True)
+    return k.astype({"image_id": str}).astype({c: np.int64 for c in _COUNT_COLUMNS}).to_numpy()
+
+
+def _counts_equal(a: System, b: System, cache: dict | None = None) -> bool:
+    cache = {} if cache is None else cache
+    ka = cache[a.label] if a.label in cache else cache.setdefault(a.label, _sorted_counts(a))
+    kb = cache[b.label] if b.label in cache else cache.setdefault(b.label, _sorted_counts(b))
     if ka.shape != kb.shape:
         return False
-    ka = ka.astype({"image_id": str}).astype({c: np.int64 for c in _COUNT_COLUMNS})
-    kb = kb.astype({"image_id": str}).astype({c: np.int64 for c in _COUNT_COLUMNS})
-    return bool((ka.to_numpy() == kb.to_numpy()).all())
+    return bool((ka == kb).all())
 
 
 def _pred_files(s: System, eval_dirs: Mapping[tuple[str, str], Path]) -> dict[str, Path]:
@@ -71,9 +76,9 @@ def _same_predictions(fa: dict[str, Path], fb: dict[str, Path]) -> bool:
     return True
 
 
-def _same(a: System, b: System, eval_dirs: Mapping[tuple[str, str], Path]) -> str | None:
-    """Why ``a`` and ``b`` are identical, or None."""
-    if not _counts_equal(a, b):
+def _same(a: System, b: System, eval_dirs: Mapping[tuple[str, str], Path], cache: dict | None = None) -> str | None:
+    """Why ``a`` and ``b`` are identical, or None (``cache``: label -> sorted counts, filled on first use)."""
+    if not _counts_equal(a, b, cache):
         return None
     sha_a = set(a.rows["checkpoint_sha256"].astype(str)) if "checkpoint_sha256" in a.rows else set()
     sha_b = set(b.rows["checkpoint_sha256"].astype(str)) if "checkpoint_sha256" in b.rows else set()
@@ -95,7 +100,7 @@ def identical_groups(systems: Sequence[System], eval_dirs: Mapping[tuple[str, st
     Returns:
         One :class:`IdenticalGroup` per set of >= 2 identical systems (the first in ``systems`` order kept).
     """
-    groups, used = [], set()
+    groups, used, cache = [], set(), {}  # each system's counts sorted once, not once per pair
     for i, a in enumerate(systems):
         if a.label in used:
             continue
@@ -103,7 +108,7 @@ def identical_groups(systems: Sequence[System], eval_dirs: Mapping[tuple[str, st
         for b in systems[i + 1:]:
             if b.label in used:
                 continue
-            why = _same(a, b, eval_dirs)
+            why = _same(a, b, eval_dirs, cache)
             if why is not None:
                 others.append(b.label)
                 used.add(b.label)

@@ -2,7 +2,8 @@
 
 * Paired two-sided **Wilcoxon signed-rank test** (Wilcoxon 1945) via :func:`scipy.stats.wilcoxon`
   (``zero_method="wilcox"``: zero differences dropped; ``method="auto"``: exact null distribution for small
-  samples without ties, normal approximation otherwise).
+  samples without ties, a permutation test over all 2^n sign flips for n <= 13 with ties or zeros (run with a
+  vectorized statistic, the same p-values), normal approximation otherwise).
 * **Matched-pairs rank-biserial correlation** (Kerby 2014, "simple difference formula"):
   ``r = (R+ - R-) / (R+ + R-)`` with ``R±`` the sums of the ranks of ``|d|`` (average ranks for ties) over the
   non-zero differences ``d = a - b`` of positive / negative sign. ``r`` in [-1, 1]; ``r > 0`` means ``a`` tends
@@ -109,6 +110,33 @@ class WilcoxonResult:
     mean_difference: float
 
 
+def _r_plus(d: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Signed-rank statistic R+ along ``axis`` (scipy's own computation: ``alternative="greater"``)."""
+    return stats.wilcoxon(d, alternative="greater", method="asymptotic", axis=axis).statistic
+
+
+def _wilcoxon_auto(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """``(statistic, pvalue)`` equal to ``scipy.stats.wilcoxon(a, b)`` (``method="auto"``), faster.
+
+    scipy's ``auto`` runs, for n <= 13 pairs with ties or zero differences, an exact permutation test over all
+    2^n sign flips whose statistic it evaluates one flip at a time (~0.3 s a test). The same
+    :func:`scipy.stats.permutation_test` (``n_resamples=9999`` covers all 2^n flips: exact, no randomness) is
+    run here with the statistic vectorized over the flips: the same numbers, ~100x faster. Every other case
+    is passed to ``scipy.stats.wilcoxon`` unchanged. ``a, b``: defined ``(n,)`` float64, not all equal.
+    """
+    d = a - b
+    nz = np.abs(d[d != 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # small-sample / ties notes from scipy
+        if d.size > 13 or (nz.size == d.size and np.unique(nz).size == nz.size):
+            res = stats.wilcoxon(a, b)
+            return float(res.statistic), float(res.pvalue)
+        stat = stats.wilcoxon(a, b, method="asymptotic").statistic  # min(R+, R-): independent of the method
+        p = stats.permutation_test((d,), _r_plus, vectorized=True, permutation_type="samples", n_resamples=9999,
+                                   batch=None, alternative="two-sided", axis=-1).pvalue
+    return float(stat), float(p)
+
+
 def paired_wilcoxon(a: np.ndarray, b: np.ndarray) -> WilcoxonResult:
     """Two-sided Wilcoxon signed-rank test of paired per-image scores ``a`` vs ``b``.
 
@@ -132,10 +160,7 @@ def paired_wilcoxon(a: np.ndarray, b: np.ndarray) -> WilcoxonResult:
     if d.size == 0 or n_zero == d.size:
         stat, p = float("nan"), float("nan")
     else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # small-sample / ties notes from scipy
-            res = stats.wilcoxon(a, b)
-        stat, p = float(res.statistic), float(res.pvalue)
+        stat, p = _wilcoxon_auto(a, b)
     return WilcoxonResult(WILCOXON, int(d.size), int((~ok).sum()), n_zero, stat, p, rank_biserial(a, b),
                           float(np.median(d)) if d.size else float("nan"),
                           float(d.mean()) if d.size else float("nan"))

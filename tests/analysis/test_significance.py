@@ -42,6 +42,22 @@ def test_wilcoxon_equals_scipy_with_undefined_pairs_dropped():
     assert res.p_value == stats.wilcoxon(x, y).pvalue and res.n_zero == 2
 
 
+@pytest.mark.parametrize("case", range(6))
+def test_wilcoxon_small_samples_with_ties_equal_scipy_auto_exactly(case):
+    # n <= 13 with tied |d| or zero differences: scipy's auto runs its (slow, per-flip) permutation test;
+    # paired_wilcoxon runs it vectorized and must give the very same floats
+    rng = np.random.default_rng(case)
+    n = 8 + case
+    a = rng.integers(0, 5, n) / 4
+    b = rng.integers(0, 5, n) / 4
+    if case % 2:
+        b[:2] = a[:2]  # zero differences
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    ref = stats.wilcoxon(a, b)
+    r = paired_wilcoxon(a, b)
+    assert r.p_value == float(ref.pvalue) and r.statistic == float(ref.statistic)
+
+
 def test_wilcoxon_all_zero_differences_gives_nan():
     res = paired_wilcoxon([0.5, 0.6], [0.5, 0.6])
     assert np.isnan(res.p_value) and res.n == 2 and res.n_zero == 2

@@ -57,7 +57,7 @@ def test_set_label(dataset: str, split: str, kind: str) -> str:
 
 
 def test_set_tables(counts: pd.DataFrame, metrics: pd.DataFrame | None, what: str,
-                    allow_mixed_protocols: bool = False) -> dict[str, dict[tuple, ImageTable]]:
+                    allow_mixed_protocols: bool = False, ensembles: bool = False) -> dict[str, dict[tuple, ImageTable]]:
     """``{test set label: {(architecture, input_size): ImageTable with hd95/NSD attached}}`` of the non-ensemble
     rows (best checkpoint) of every test set; ``what`` names the table in a protocol refusal.
 
@@ -65,19 +65,29 @@ def test_set_tables(counts: pd.DataFrame, metrics: pd.DataFrame | None, what: st
     (``train_split_policy``): the test splits of different random-split seeds are different image sets, so each
     becomes its own test set, labelled ``<test set> [<policy>]``; the seeds of one random-split protocol are one
     protocol family and are accepted together, different families (``fixed`` beside ``random(...)``) are refused
-    unless ``allow_mixed_protocols``. Order: the internal test split first, then the external sets by name."""
+    unless ``allow_mixed_protocols``. Order: the internal test split first, then the external sets by name.
+
+    ``ensembles=True``: the same labels (fixed by the non-ensemble rows) with the fold-ensemble rows
+    (``-ensemble`` run ids) instead; test sets and models without an ensemble are absent.
+
+    Raises:
+        AnalysisSkipped: no non-ensemble test rows. MSBError: mixed protocol families (unless allowed).
+    """
     rows = evaluation_rows(counts, None)
     if rows.empty:
         raise AnalysisSkipped("no evaluated test set")
     check_one_protocol(rows, what, allow_mixed_protocols, family=True)  # one column/test set per policy below
     pcol = "train_split_policy" if "train_split_policy" in rows.columns else "split_policy"
+    n_pol = rows.assign(_policy=rows[pcol].astype(str)).groupby(["dataset", "split", "eval_kind"])["_policy"].nunique()
+    if ensembles:
+        rows = evaluation_rows(counts, None, ensembles=True)
+        rows = rows[rows["is_ensemble"]]
     rows = rows.assign(_policy=rows[pcol].astype(str))
-    n_pol = rows.groupby(["dataset", "split", "eval_kind"])["_policy"].nunique()
     out = {}
     groups = sorted(rows.groupby(["dataset", "split", "eval_kind", "_policy"], sort=True),
                     key=lambda kv: kv[0][2] != "internal")
     for (ds, sp, kind, pol), g in groups:
-        label = test_set_label(ds, sp, kind) + (f" [{pol}]" if n_pol[(ds, sp, kind)] > 1 else "")
+        label = test_set_label(ds, sp, kind) + (f" [{pol}]" if n_pol.get((ds, sp, kind), 1) > 1 else "")
         out[label] = {k: _attach(t, metrics) for k, t in system_tables(g, ("architecture", "input_size")).items()}
     return out
 
