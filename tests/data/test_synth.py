@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +21,13 @@ def tree_hashes(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def default_ds(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("synth") / "synthetic"
-    t0 = time.perf_counter()
     report = make_synthetic_dataset(root)
-    elapsed = time.perf_counter() - t0
-    return root, report, elapsed
+    return root, report
 
 
-def test_default_dataset_shape_and_speed(default_ds) -> None:
-    root, report, elapsed = default_ds
-    assert elapsed < 2.0, f"generation took {elapsed:.2f} s"
+def test_default_dataset_shape(default_ds) -> None:
+    # no wall-clock assertion here: speed targets live in scripts/bench_*.py (a timed unit test fails under load)
+    root, report = default_ds
     assert report.n_samples == 120 and report.n_changed_mask_pixels == 0
     ds = load_prepared_dataset(root, check_mask_values=True)
     assert len(ds) == 120
@@ -45,7 +42,7 @@ def test_default_dataset_shape_and_speed(default_ds) -> None:
 
 
 def test_masks_empty_fraction_and_blob_sizes(default_ds) -> None:
-    root, _, _ = default_ds
+    root, _ = default_ds
     ds = load_prepared_dataset(root)
     fg = []
     for sid in ds.sample_ids:
@@ -61,7 +58,7 @@ def test_masks_empty_fraction_and_blob_sizes(default_ds) -> None:
 
 def test_blob_appearance_distinct_but_not_trivial(default_ds) -> None:
     """Blobs are redder/darker than background on average, but a global threshold does not separate them."""
-    root, _, _ = default_ds
+    root, _ = default_ds
     ds = load_prepared_dataset(root)
     inside, outside = [], []
     for sid in ds.sample_ids[:60]:
