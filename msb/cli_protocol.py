@@ -33,9 +33,8 @@ def protocol_analyses_cli(paths: Sequence[Path], analyses: str, out: Path | None
     Raises:
         MSBError: not exactly one folder; as :func:`~msb.analysis.protocol.write_protocol_analyses`.
     """
-    import json
-
     from msb.analysis.protocol import parse_analyses, write_protocol_analyses
+    from msb.analysis.protocol.writers import log_skipped
 
     folders = [Path(p) for p in paths if Path(p).is_dir()]
     if len(folders) != 1 or len(paths) != 1:
@@ -48,11 +47,6 @@ def protocol_analyses_cli(paths: Sequence[Path], analyses: str, out: Path | None
     for p in written:
         if p.suffix == ".md":
             echo(p.read_text(encoding="utf-8"))
-    skipped = json.loads(written[-1].read_text(encoding="utf-8"))
-    for name, reason in skipped["skipped"].items():
-        log(f"{name}: skipped: {reason}")
-    for name, notes in skipped["notes"].items():
-        for n in notes:
-            log(f"{name}: {n}")
+    log_skipped(written[-1], log)
     log(f"protocol analyses written to {written[-1].parent} ({len(written)} files)")
     return written

@@ -65,13 +65,8 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
             "n_boot": a.n_boot, "n_boot_resolution": a.n_boot}
     out = write_protocol_analyses(study_dir, names, None, refusals_as_skips=True, **opts)
     written += out
-    import json
+    from msb.analysis.protocol.writers import log_skipped
 
-    skipped = json.loads(out[-1].read_text(encoding="utf-8"))
-    for name, reason in skipped["skipped"].items():
-        log(f"analysis {name}: skipped: {reason}")
-    for name, notes in skipped["notes"].items():
-        for n in notes:
-            log(f"analysis {name}: {n}")
+    log_skipped(out[-1], log, prefix="analysis ")
     log(f"protocol analyses ({', '.join(names)}) written to {out[-1].parent}")
     return written

@@ -20,7 +20,8 @@ from msb.analysis.protocol.common import PaperTable, flat_columns
 from msb.analysis.tables import frame_to_markdown
 from msb.utils.atomic import atomic_write_text
 
-__all__ = ["table_csv", "table_latex", "table_markdown", "write_table", "write_figure", "write_frame"]
+__all__ = ["table_csv", "table_latex", "table_markdown", "write_table", "write_figure", "write_frame",
+           "log_skipped"]
 
 
 def table_csv(t: PaperTable) -> str:
@@ -70,3 +71,25 @@ def write_frame(df: pd.DataFrame, name: str, out_dir: str | Path) -> Path:
     p = Path(out_dir) / f"{name}.csv"
     atomic_write_text(p, df.to_csv(index=False))
     return p
+
+
+def log_skipped(skipped_json: str | Path, log, prefix: str = "") -> None:
+    """Log every skipped analysis (with its reason) and every note recorded in ``skipped.json``.
+
+    Args:
+        skipped_json: the ``skipped.json`` that :func:`msb.analysis.protocol.write_protocol_analyses` writes last
+            (``{"skipped": {name: reason}, "notes": {name: [note, ...]}}``).
+        log: a one-argument logger (``msb.utils.progress.Logger``).
+        prefix: put before each analysis name (e.g. ``"analysis "``).
+
+    Raises:
+        OSError, json.JSONDecodeError: the file is missing or not JSON.
+    """
+    import json
+
+    skipped = json.loads(Path(skipped_json).read_text(encoding="utf-8"))
+    for name, reason in skipped["skipped"].items():
+        log(f"{prefix}{name}: skipped: {reason}")
+    for name, notes in skipped["notes"].items():
+        for n in notes:
+            log(f"{prefix}{name}: {n}")
