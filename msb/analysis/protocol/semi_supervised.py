@@ -290,13 +290,19 @@ def _hd_label(scores: pd.DataFrame) -> str:
     return f"HD95 ({conv}, {unit})"
 
 
+def _key_columns(frame: pd.DataFrame, extra: Mapping[str, str]) -> dict[str, pd.Series]:
+    """The leading columns of every semi-supervised table (dataset, input size, method, labelled fraction),
+    then ``extra`` (shown header -> column of ``frame``), in that order."""
+    return {"Dataset": frame["dataset"], "Input (px)": frame["input_size"],
+            "Method": frame["method_label"].map(_method_name), "Labelled": frame["labelled_fraction"].map(_pct),
+            **{shown: frame[col] for shown, col in extra.items()}}
+
+
 def scores_table(scores: pd.DataFrame) -> PaperTable:
     """Table ``semi_supervised_scores``: one row per run, the real metrics and the card's as written side by side."""
     hd = _hd_label(scores)
     unit = ",".join(sorted(set(scores["distance_unit"].astype(str))))
-    base = {"Dataset": scores["dataset"], "Input (px)": scores["input_size"],
-            "Method": scores["method_label"].map(_method_name), "Labelled": scores["labelled_fraction"].map(_pct),
-            "Seed": scores["seed"], "Test-time rule": scores["test_time_rule"], "Images": scores["n_images"]}
+    base = _key_columns(scores, {"Seed": "seed", "Test-time rule": "test_time_rule", "Images": "n_images"})
     names = {**SCORES, "hd95": hd, "card_hd95": f"card \"HD95\" as written ({unit})"}
     vals = pd.DataFrame({**base, **{names[k]: scores[k] for k in SCORES},
                          "card HD95 refused": scores["n_card_hd95_refused"]})
@@ -313,9 +319,7 @@ def scores_table(scores: pd.DataFrame) -> PaperTable:
 
 def paired_table(paired: pd.DataFrame, hd: str) -> PaperTable:
     """Table ``semi_supervised_paired``: ``Δ [CI]`` per metric of each method against supervised-only."""
-    base = {"Dataset": paired["dataset"], "Input (px)": paired["input_size"],
-            "Method": paired["method_label"].map(_method_name), "Labelled": paired["labelled_fraction"].map(_pct),
-            "Seed": paired["seed"], "Images": paired["n_images"]}
+    base = _key_columns(paired, {"Seed": "seed", "Images": "n_images"})
     names = {k: ("Δ " + (hd if k == "hd95" else SCORES[k])) for k in PAIRED}
     vals = pd.DataFrame(base)
     disp = pd.DataFrame({k: v.astype(str) for k, v in base.items()})
@@ -335,9 +339,7 @@ def paired_table(paired: pd.DataFrame, hd: str) -> PaperTable:
 
 def summary_table(summary: pd.DataFrame, hd: str) -> PaperTable:
     """Table ``semi_supervised_summary``: mean ± SD over seeds per method and labelled fraction."""
-    base = {"Dataset": summary["dataset"], "Input (px)": summary["input_size"],
-            "Method": summary["method_label"].map(_method_name), "Labelled": summary["labelled_fraction"].map(_pct),
-            "Seeds": summary["n_seeds"]}
+    base = _key_columns(summary, {"Seeds": "n_seeds"})
     unit = hd.rsplit(", ", 1)[-1].rstrip(")")
     names = {**SCORES, "hd95": hd, "card_hd95": f"card \"HD95\" as written ({unit})"}
     shown = ("dice_gm", "dice_im", "iou_gm", "iou_im", "hd95", "card_hd95")
