@@ -5,8 +5,9 @@ replicate (Efron & Tibshirani 1993, ch. 13 "percentile interval"). A replicate i
 resampling *counts* ``w_i`` (how often image ``i`` was drawn), so every aggregation rule of
 :func:`msb.analysis.rules.rule_values` is one matrix product ``W @ X`` per block of replicates: no Python loop
 over replicates or images. Rules whose value is a ratio of two resampled sums (global-micro, pooled-foreground,
-image-foreground, image-class-mean, single-class image-macro) skip the weights: the two per-image terms are one
-complex vector, gathered at the draws and summed (the same replicates, to rounding). Fold-stratified: each fold's images are resampled among themselves (``n_f`` draws
+image-foreground, image-class-mean, single-class image-macro) skip the weights: their per-image terms are
+gathered at the draws (``np.take``) and summed, two count terms packed into one ``int64`` when the sums fit 32
+bits (the same replicates: exactly for counts, to rounding for means). Fold-stratified: each fold's images are resampled among themselves (``n_f`` draws
 from fold ``f``), so every replicate keeps the fold sizes (Davison & Hinkley 1997, §3.8 stratified sampling).
 Paired: the same ``W`` is applied to both systems (aligned on the same images), and the CI is taken on the
 per-replicate difference.
@@ -18,7 +19,9 @@ undefined in the resample) are left out and counted (``n_undefined``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -151,25 +154,75 @@ def _weights_of(idx: np.ndarray) -> Iterator[np.ndarray]:
         yield np.bincount(flat, minlength=b * n).reshape(b, n).astype(np.float64)
 
 
-def _gather_kernel(table: ImageTable, rule: str, metric: str):
-    """For rules whose replicate value is a function of two resampled sums, ``(v, finish)``: ``v`` an
-    ``(n,)`` complex vector (real part, imaginary part = the two per-image terms) so that a replicate with
-    draws ``idx`` has value ``finish(v[idx].sum())``; ``None`` for the other rules (weights path).
+class _Kernel:
+    """Replicate values of one ``(table, rule, metric)`` job from the draws, for rules whose value is a function
+    of resampled sums of per-image terms (global-micro, pooled-foreground, image-foreground,
+    image-class-mean, single-class image-macro): each term column is gathered at the draws (``np.take``
+    into a reused buffer) and summed per replicate; ``finish`` turns the sums into the values.
 
-    Sums of the draws equal ``W @ X`` of the weights path (the same replicates): exactly for counts (integer
-    sums below 2**53), to rounding (~1e-16) for means of per-image scores. One complex gather per draw is
-    ~2x faster than building the weights and multiplying (measured at 10k images, docs/performance.md).
+    Columns, chosen so that one gather serves as many terms as possible, all exact:
+
+    * two count sums (TP and FP + FN, FP or FN): **one ``int64`` column** ``a + (b << 32)`` when every sum of
+      ``n`` draws fits 32 bits (``n * max(a) < 2**32`` and ``n * max(b) < 2**31``; then the 64-bit sum of the
+      packed values is exact and unpacks into the two sums), else two ``int64`` columns;
+    * means of per-image scores: the ``float64`` scores (0 where undefined) and, only when some image is
+      undefined, a ``uint8`` column flagging the undefined images (their draws are subtracted from ``n``).
+
+    Sums of the draws equal ``W @ X`` of the weights path: exactly for counts, to rounding (~1e-16) for means.
     """
+
+    def __init__(self, columns: list[np.ndarray], finish):
+        self.columns = columns
+        self.finish = finish
+        self._buffers: list[np.ndarray] = []
+
+    def values(self, idx: np.ndarray) -> np.ndarray:
+        """``(b,)`` replicate values of a ``(b, n)`` block of draws (``b`` at most the first block's)."""
+        b = idx.shape[0]
+        if not self._buffers or self._buffers[0].shape[0] < b:
+            self._buffers = [np.empty(idx.shape, dtype=c.dtype) for c in self.columns]
+        sums = []
+        for col, buf in zip(self.columns, self._buffers):
+            part = buf[:b]
+            np.take(col, idx, out=part, mode="clip")  # indices are in range; "clip" avoids a temporary copy
+            sums.append(part.sum(axis=1, dtype=np.int64 if col.dtype.kind in "iu" else np.float64))
+        return self.finish(idx.shape[1], *sums)
+
+
+def _two_counts(a: np.ndarray, b: np.ndarray, n: int, finish2) -> _Kernel:
+    """A :class:`_Kernel` of two resampled count sums, packed into one column when the sums fit (see there)."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    top_a = int(a.max(initial=0))
+    top_b = int(b.max(initial=0))
+    if a.min(initial=0) >= 0 and b.min(initial=0) >= 0 and n * top_a < 2**32 and n * top_b < 2**31:
+        def unpack(_n, s):
+            return finish2(s & 0xFFFFFFFF, s >> 32)
+        return _Kernel([a + (b << 32)], unpack)
+    return _Kernel([a, b], lambda _n, sa, sb: finish2(sa, sb))
+
+
+def _gather_kernel(table: ImageTable, rule: str, metric: str) -> _Kernel | None:
+    """The :class:`_Kernel` of a rule whose replicate value is a function of resampled sums; ``None`` for the
+    other rules (weights path). One gather per draw and term column is ~2x faster than building the weights
+    and multiplying (measured at 10k images, docs/performance.md)."""
     if metric not in ALL_METRICS:
         return None
     tp, fp, fn = table.tp, table.fp, table.fn
+    n = tp.shape[0]
     if rule in ("global-micro", "pooled-foreground"):
         t, p, f = tp.sum(1), fp.sum(1), fn.sum(1)
         # every metric uses TP and one other sum: dice/iou FP + FN, precision FP, recall FN
         other = {"dice": p + f, "iou": p + f, "precision": p, "recall": f}[metric]
-        if metric == "recall":
-            return t + 1j * other, lambda z: score(metric, z.real, np.zeros_like(z.real), z.imag)
-        return t + 1j * other, lambda z: score(metric, z.real, z.imag, np.zeros_like(z.real))
+
+        def finish2(st, so):
+            st = st.astype(np.float64)
+            so = so.astype(np.float64)
+            if metric == "recall":
+                return score(metric, st, np.zeros_like(st), so)
+            return score(metric, st, so, np.zeros_like(st))
+
+        return _two_counts(t, other, n, finish2)
     if rule in ("image-macro", "image-class-mean", "image-foreground"):
         if rule == "image-macro" and tp.shape[1] != 1:
             return None
@@ -178,47 +231,92 @@ def _gather_kernel(table: ImageTable, rule: str, metric: str):
         else:
             s_ic = score(metric, tp, fp, fn)
         d = ~np.isnan(s_ic)
-        v = np.where(d, s_ic, 0.0).sum(1) + 1j * d.sum(1)
+        total = np.where(d, s_ic, 0.0).sum(1)
+        defined = d.sum(1)
 
-        def finish(z):
-            out = np.full(z.shape, np.nan)
-            np.divide(z.real, z.imag, out=out, where=z.imag != 0)
+        def finish(n_draws, s, k=None):
+            den = (np.full(s.shape, n_draws, dtype=np.float64) if k is None else (n_draws - k).astype(np.float64))
+            out = np.full(s.shape, np.nan)
+            np.divide(s, den, out=out, where=den != 0)
             return out
 
-        return v, finish
+        if s_ic.shape[1] == 1:  # one term per image: the mean over the defined images
+            undefined = ~d[:, 0]
+            return _Kernel([total] + ([undefined.astype(np.uint8)] if undefined.any() else []), finish)
+        # several classes (image-class-mean): the mean over defined (image, class) terms = sum / count
+        return _two_float(total, defined.astype(np.float64))
     return None
 
 
-def _gathered(kernel, idx: np.ndarray) -> np.ndarray:
-    """Replicate values of one block of draws ``(b, n)`` through a :func:`_gather_kernel`, a few rows at a time
-    (the gathered block stays cache-resident)."""
-    v, finish = kernel
-    n = idx.shape[1]
-    sub = max(1, _SUB_ELEMENTS // max(n, 1))
-    return np.concatenate([finish(v[idx[a:a + sub]].sum(axis=1)) for a in range(0, idx.shape[0], sub)])
+def _two_float(s: np.ndarray, c: np.ndarray) -> _Kernel:
+    """A :class:`_Kernel` of ``sum(s) / sum(c)`` over the draws (NaN where the count is 0)."""
+    def finish(_n, ss, sc):
+        out = np.full(ss.shape, np.nan)
+        np.divide(ss, sc, out=out, where=sc != 0)
+        return out
+    return _Kernel([np.asarray(s, dtype=np.float64), np.asarray(c, dtype=np.float64)], finish)
+
+
+def _draw_blocks(n: int, n_boot: int, seed: int, strata: np.ndarray | None) -> Iterator[np.ndarray]:
+    """The draws of :func:`resample_indices` (the same values, in the same order) in blocks of
+    ``_SUB_ELEMENTS // n`` replicates, small enough to stay in the CPU cache. Unstratified blocks are drawn
+    directly at that size (``Generator.integers`` gives the same stream whatever the call sizes: tested);
+    stratified ones are cut from the ``_CHUNK``-replicate blocks (the order of the strata's calls depends on
+    the block size)."""
+    rows = max(1, _SUB_ELEMENTS // max(n, 1))
+    if strata is None or len(np.unique(np.asarray(strata))) == 1:
+        yield from resample_indices(n, n_boot, seed, None, chunk=rows)
+        return
+    for idx in resample_indices(n, n_boot, seed, strata):
+        for a in range(0, idx.shape[0], rows):
+            yield idx[a:a + rows]
+
+
+#: Draws per call above which the gathers run in a worker thread while the main thread draws the next
+#: block (NumPy releases the GIL in both); below it the thread costs more than it saves.
+_PIPELINE_DRAWS = 2_000_000
 
 
 def _replicates(jobs: Sequence[tuple[ImageTable, str, str]], n: int, n_boot: int, seed: int,
                 strata: np.ndarray | None) -> list[np.ndarray]:
     """``(n_boot,)`` replicates of every ``(table, rule, metric)`` job on the same draws: through a
     :func:`_gather_kernel` where the rule has one, else through the weights (each job always by the same
-    method, so a job gives the same replicates alone or with others)."""
+    method, so a job gives the same replicates alone or with others). With at least ``_PIPELINE_DRAWS``
+    draws and two CPUs, block ``k`` is scored in one worker thread while block ``k + 1`` is drawn: the same
+    values, in the same places (each block writes its own slice)."""
     reps = [np.empty(n_boot) for _ in jobs]
     kernels = [_gather_kernel(*job) for job in jobs]
-    done = 0
-    for idx in resample_indices(n, n_boot, seed, strata):
+
+    def score_block(at: int, idx: np.ndarray) -> None:
         b = idx.shape[0]
         for k, kern in enumerate(kernels):
             if kern is not None:
-                reps[k][done:done + b] = _gathered(kern, idx)
+                reps[k][at:at + b] = kern.values(idx)
         if not all(kernels):
-            at = done
+            pos = at
             for w in _weights_of(idx):
                 for k, (t, rule, metric) in enumerate(jobs):
                     if kernels[k] is None:
-                        reps[k][at:at + w.shape[0]] = rule_values(t, rule, metric, w)
-                at += w.shape[0]
-        done += b
+                        reps[k][pos:pos + w.shape[0]] = rule_values(t, rule, metric, w)
+                pos += w.shape[0]
+
+    blocks = _draw_blocks(n, n_boot, seed, strata)
+    if n * n_boot < _PIPELINE_DRAWS or (os.cpu_count() or 1) < 2:
+        done = 0
+        for idx in blocks:
+            score_block(done, idx)
+            done += idx.shape[0]
+        return reps
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        done = 0
+        for idx in blocks:
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(score_block, done, idx)
+            done += idx.shape[0]
+        if pending is not None:
+            pending.result()
     return reps
 
 

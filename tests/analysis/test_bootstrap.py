@@ -148,3 +148,63 @@ def test_gathered_rules_equal_the_weights_path(rule, metric):
     assert np.array_equal(np.isnan(res.replicates), np.isnan(ref))
     assert np.nanmax(np.abs(res.replicates - ref)) <= 1e-12
     assert res.n_strata == 3 and np.isfinite(res.replicates).sum() >= 60
+
+
+def test_cache_sized_draw_blocks_are_the_chunked_draws():
+    """msb.analysis.bootstrap._draw_blocks draws unstratified replicates a few rows per Generator.integers call;
+    the concatenation equals the 250-replicate blocks of resample_indices (one stream whatever the call sizes),
+    so the replicates do not depend on the block size; stratified blocks are cut from those blocks."""
+    from msb.analysis.bootstrap import _draw_blocks
+
+    for n, n_boot in [(10_001, 300), (37, 260), (3, 5)]:
+        ref = np.concatenate(list(resample_indices(n, n_boot, seed=5)))
+        blocks = list(_draw_blocks(n, n_boot, 5, None))
+        assert max(b.shape[0] for b in blocks) == min(n_boot, max(1, 131_072 // n))
+        assert np.array_equal(np.concatenate(blocks), ref)
+    strata = np.arange(50) % 3
+    ref = np.concatenate(list(resample_indices(50, 600, seed=1, strata=strata)))
+    assert np.array_equal(np.concatenate(list(_draw_blocks(50, 600, 1, strata))), ref)
+
+
+@pytest.mark.parametrize("rule", ["global-micro", "image-macro", "image-class-mean"])
+def test_large_counts_and_the_worker_thread_give_the_weights_path_replicates(monkeypatch, rule):
+    """Counts too large to pack two sums into one int64 (n * max(TP) >= 2**32: two columns) and the pipelined
+    path (gathers in a worker thread while the next block is drawn) give the replicates of rule_values on the
+    resampling counts, exactly for the count rule."""
+    import msb.analysis.bootstrap as bs
+
+    df = random_counts(400, seed=8)
+    df[["tp", "fp", "fn"]] *= 40_000_000  # TP up to 1.6e10 per image: n * max(TP) >> 2**32
+    if rule == "image-class-mean":
+        df = pd.concat([df, random_counts(400, seed=9).assign(class_id=2)])
+    t = image_table(df)
+    kern = bs._gather_kernel(t, rule, "dice")
+    if rule == "global-micro":
+        assert [c.dtype for c in kern.columns] == [np.int64, np.int64]  # not packed
+    ref = rule_values(t, rule, "dice", np.concatenate(list(resample_weights(400, 90, seed=3))))
+    for threshold in (10**12, 0):  # serial, then the worker thread
+        monkeypatch.setattr(bs, "_PIPELINE_DRAWS", threshold)
+        got = bootstrap_rule(t, rule, "dice", n_boot=90, seed=3)[0].replicates
+        if rule == "global-micro":
+            assert np.array_equal(got, ref)
+        else:
+            assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.nanmax(np.abs(got - ref)) <= 1e-12
+
+
+def test_packed_counts_are_exact_at_the_32_bit_limit():
+    """Two sums packed into one int64 (TP low 32 bits, FP + FN high) at the largest values allowed: the unpacked
+    sums of every replicate equal the weights path exactly (Dice of the sums, exact float arithmetic)."""
+    import msb.analysis.bootstrap as bs
+
+    n = 64
+    rng = np.random.default_rng(0)
+    tp = np.full(n, (2**32 - 1) // n)  # n * max(TP) < 2**32
+    other = rng.integers(0, (2**31 - 1) // n, n)  # n * max(FP + FN) < 2**31
+    df = random_counts(n, seed=1)
+    df["tp"], df["fp"], df["fn"] = tp, other, 0
+    t = image_table(df)
+    assert [c.dtype for c in bs._gather_kernel(t, "global-micro", "dice").columns] == [np.int64]
+    got = bootstrap_rule(t, "global-micro", "dice", n_boot=200, seed=4)[0].replicates
+    w = np.concatenate(list(resample_weights(n, 200, seed=4)))
+    s_tp, s_o = w @ tp.astype(np.float64), w @ other.astype(np.float64)
+    assert np.array_equal(got, 2 * s_tp / (2 * s_tp + s_o))
