@@ -41,6 +41,10 @@ __all__ = ["FastScores", "fast_reaggregate"]
 _ARROW_KIND = {"int64": (pa.int64(),), "float64": (pa.float64(),)}
 _STRINGS = (pa.string(), pa.large_string())
 _DICT = pa.dictionary(pa.int32(), pa.large_string())
+#: Rows per checked batch (every column of a batch: ~5 MiB at 26 columns).
+_BATCH_ROWS = 131_072
+#: Columns the scores read (besides the group columns); the others are only checked.
+_SCORED = frozenset((*KEY_COLUMNS, *IMAGE_COLUMNS, "class_id", "threshold", "threshold_on", "tp", "fp", "fn"))
 
 
 @dataclass
@@ -123,8 +127,14 @@ def _needed(group_by: Sequence[str]) -> list[str]:
     return [c for c in COUNTS_COLUMNS if c not in OPTIONAL_COLUMNS or c in group_by]
 
 
-def _read_file(path: Path, cols: list[str]) -> tuple[pa.Table, bool]:
-    """One file's needed columns, checked; ``(table of the columns every file shares, verified)``."""
+def _read_file(path: Path, cols: list[str], group_by: Sequence[str] = ()) -> tuple[pa.Table, bool]:
+    """One file's needed columns, checked; ``(table of the columns the scores use, verified)``.
+
+    The columns only the checks need (``tn``, ``intersection``, ..., ``height``, ``width``, the digests and
+    names) are read and checked ``_BATCH_ROWS`` rows at a time and dropped: the memory they take is one
+    batch's, reused (at 1M rows the whole-file read was ~200 MB of fresh pages, most of the command's time on
+    this machine; docs/performance.md).
+    """
     try:
         data = path.read_bytes()
     except OSError:
@@ -133,25 +143,67 @@ def _read_file(path: Path, cols: list[str]) -> tuple[pa.Table, bool]:
     try:
         # ParquetFile, not pq.read_table: the latter imports pyarrow.dataset, which imports pandas (~0.5 s)
         schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow  # the stored types (footer only)
-        present = [c for c in cols if c in schema.names]
+        # every schema column the file has: the optional ones are not scored but checked (types, no missing
+        # values) as the pandas path reads and checks them
+        present = [c for c in COUNTS_COLUMNS if c in schema.names and (c in cols or c in OPTIONAL_COLUMNS)]
         if any(c not in schema.names for c in cols if c not in PROTOCOL_DEFAULTS):  # v1 files lack only those
             raise _Unusual
         for c in present:  # exactly the Arrow types the evaluator writes; others (pandas may accept) go there
             kind = COUNTS_COLUMNS[c]
             if schema.field(c).type not in (_STRINGS if kind == "string" else _ARROW_KIND[kind]):
                 raise _Unusual
-        table = pq.ParquetFile(pa.BufferReader(data), read_dictionary=[
-            c for c in present if COUNTS_COLUMNS[c] == "string"]).read(columns=present)
+        reader = pq.ParquetFile(pa.BufferReader(data), read_dictionary=[
+            c for c in present if COUNTS_COLUMNS[c] == "string"])
+        keep = [c for c in cols if c not in PROTOCOL_DEFAULTS and (c in _SCORED or c in group_by)]
+        table = reader.read(columns=keep)  # the columns the scores use: whole, one chunk each
+        rest = [c for c in present if c not in keep and not (c in OPTIONAL_COLUMNS and _no_nulls_stated(reader, c))]
+        checked = rest + [c for c in (*COUNT_COLUMNS, "height", "width", "schema_version") if c in keep]
+        for batch in reader.iter_batches(batch_size=_BATCH_ROWS, columns=checked):
+            part = pa.Table.from_batches([batch])  # the columns only the checks use: a batch at a time
+            if any(part.column(c).null_count for c in rest):
+                raise _Unusual
+            _check_rows(part)
+    except _Unusual:
+        raise
     except Exception:
         raise _Unusual from None
-    if any(table.column(c).null_count for c in present):
+    if any(table.column(c).null_count for c in keep):
         raise _Unusual
-    _check_rows(table)
-    table = table.select([c for c in cols if c not in PROTOCOL_DEFAULTS])
-    for i, f in enumerate(table.schema):  # one string type for every file (the evaluator writes string, pandas large)
-        if pa.types.is_dictionary(f.type) and (f.type.value_type != pa.large_string() or f.type.index_type != pa.int32()):
-            table = table.set_column(i, f.name, table.column(i).cast(_DICT))
-    return pa.Table.from_arrays(table.columns, names=table.column_names), verified  # nullable fields, no metadata
+    _check_thresholds(table)
+    columns = []
+    for c in table.column_names:  # one string type for every file (the evaluator writes string, pandas large)
+        col = table.column(c)
+        if pa.types.is_dictionary(col.type) and (col.type.value_type != pa.large_string()
+                                                 or col.type.index_type != pa.int32()):
+            col = pa.chunked_array([pa.DictionaryArray.from_arrays(  # cast the dictionary, not every row
+                ch.indices if ch.indices.type == pa.int32() else ch.indices.cast(pa.int32()),
+                _large_strings(ch.dictionary), safe=False) for ch in col.chunks], _DICT)  # indices as read
+        columns.append(col)
+    return pa.Table.from_arrays(columns, names=table.column_names), verified  # nullable fields, no metadata
+
+
+def _no_nulls_stated(reader: pq.ParquetFile, column: str) -> bool:
+    """Whether the file's footer states a null count of 0 for ``column`` in every row group (the Parquet column
+    chunk statistics; pyarrow writes them by default), so that the column need not be decoded to check it."""
+    meta = reader.metadata
+    j = reader.schema_arrow.get_field_index(column)
+    for i in range(meta.num_row_groups):
+        st = meta.row_group(i).column(j).statistics
+        if st is None or not st.has_null_count or st.null_count != 0:
+            return False
+    return True
+
+
+def _large_strings(arr: pa.Array) -> pa.Array:
+    """A ``string`` array as ``large_string``, built from its buffers (64-bit offsets, the same bytes). The
+    first ``cast`` of a process initialises Arrow's compute kernels (~35 ms), more than the rest of the
+    conversion of a 25,000-entry dictionary."""
+    if arr.type == pa.large_string():
+        return arr
+    if arr.type != pa.string() or arr.null_count:
+        return arr.cast(pa.large_string())
+    off = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4).astype(np.int64)
+    return pa.Array.from_buffers(pa.large_string(), len(arr), [None, pa.py_buffer(off), arr.buffers()[2]])
 
 
 def _flat(arr: pa.Array) -> np.ndarray:
@@ -181,7 +233,7 @@ def _arrow(values: list, kind: str) -> pa.Array:
 
 
 def _check_rows(table: pa.Table) -> None:
-    """The conditions of :func:`msb.evaluation.counts.row_problems` and the schema-version check."""
+    """The count conditions of :func:`msb.evaluation.counts.row_problems` and the schema-version check."""
     n = {c: _np(table, c) for c in COUNT_COLUMNS}
     h, w = _np(table, "height"), _np(table, "width")
     tp, fp, fn = n["tp"], n["fp"], n["fn"]
@@ -189,13 +241,20 @@ def _check_rows(table: pa.Table) -> None:
                            or int(_np(table, "schema_version").max()) > COUNTS_SCHEMA_VERSION):
         raise _Unusual
     if ((n["intersection"] != tp).any() or (n["reference"] != tp + fn).any() or (n["predicted"] != tp + fp).any()
-            or (n["union"] != tp + fp + fn).any() or (tp + fp + fn + n["tn"] != h * w).any()
-            or not np.isfinite(_np(table, "threshold")).all()):
+            or (n["union"] != tp + fp + fn).any() or (tp + fp + fn + n["tn"] != h * w).any()):
         raise _Unusual
-    on = table.column("threshold_on").combine_chunks()
-    values = on.dictionary.to_pylist()
-    if any(values[i] not in THRESHOLD_ON_VALUES for i in np.unique(_flat(on.indices))):
+
+
+def _check_thresholds(table: pa.Table) -> None:
+    """The threshold conditions of :func:`msb.evaluation.counts.row_problems`: finite thresholds, known
+    ``threshold_on`` values."""
+    if not np.isfinite(_np(table, "threshold")).all():
         raise _Unusual
+    for on in table.column("threshold_on").chunks:
+        values = on.dictionary.to_pylist()
+        used = np.bincount(_flat(on.indices), minlength=len(values)) > 0
+        if any(v not in THRESHOLD_ON_VALUES for v, u in zip(values, used) if u):
+            raise _Unusual
 
 
 def _codes(table: pa.Table, c: str) -> tuple[np.ndarray, list]:
@@ -222,17 +281,52 @@ def _codes(table: pa.Table, c: str) -> tuple[np.ndarray, list]:
 
 
 def _combine(parts: list[tuple[np.ndarray, int]], n: int) -> tuple[np.ndarray, int]:
-    """One int64 code per row, equal iff every part's code is; ``(codes, upper bound of the codes)``."""
-    combined, card = np.zeros(n, dtype=np.int64), 1
+    """One int64 code per row, equal iff every part's code is; ``(codes, upper bound of the codes)``. Built in
+    place in one array (each fresh 8 MB array at 1M rows costs page faults, docs/performance.md)."""
+    combined, card = None, 1
     for codes, k in parts:
         if k <= 1:
+            continue
+        if combined is None:
+            combined, card = codes.astype(np.int64), k
             continue
         if card * k >= 2**62:
             uniq, inv = np.unique(combined, return_inverse=True)
             combined, card = inv.astype(np.int64), len(uniq)
-        combined = combined * k + codes
+        np.multiply(combined, k, out=combined)
+        np.add(combined, codes, out=combined)
         card *= k
-    return combined, card
+    return (np.zeros(n, dtype=np.int64) if combined is None else combined), card
+
+
+def _row_scores(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray):
+    """Yield ``(metric, scores, undefined rows)`` for :data:`ALL_METRICS`: the per-row scores of
+    :func:`~msb.analysis.count_scores.score_from_counts` (the same float64 operations in the same order), 0
+    where undefined, and the ``(k,)`` indices of the undefined rows (denominator 0). The three buffers are
+    reused from metric to metric: each yielded array is only valid until the next one."""
+    t = tp.astype(np.float64)
+    num, den, out = np.empty_like(t), np.empty_like(t), np.empty_like(t)
+    for m in ALL_METRICS:
+        if m == "dice":
+            np.multiply(t, 2.0, out=num)
+            np.add(num, fp, out=den)
+            np.add(den, fn, out=den)
+            top = num
+        elif m == "iou":
+            np.add(t, fp, out=den)
+            np.add(den, fn, out=den)
+            top = t
+        elif m == "precision":
+            np.add(t, fp, out=den)
+            top = t
+        else:
+            np.add(t, fn, out=den)
+            top = t
+        bad = np.flatnonzero(den == 0)  # undefined rows are few: count them, not the defined ones
+        den[bad] = 1.0
+        np.divide(top, den, out=out)
+        out[bad] = 0.0
+        yield m, out, bad
 
 
 def _dense(codes: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,7 +387,7 @@ def fast_reaggregate(paths: list[str | os.PathLike] | str | os.PathLike, group_b
     tables, unverified = [], []
     try:
         for f in files:
-            t, verified = _read_file(f, cols)
+            t, verified = _read_file(f, cols, group_by)
             if not verified and f.parent not in unverified:
                 unverified.append(f.parent)
             tables.append(t)
@@ -337,13 +431,10 @@ def _scores(table: pa.Table, group_by: list[str], notes: tuple[str, ...]) -> Fas
         raise _Unusual
     n_rows_g = np.bincount(g, minlength=n_groups)
     per_metric = {}
-    for m in ALL_METRICS:
-        s = score_from_counts(m, counts["tp"], counts["fp"], counts["fn"])
-        d = ~np.isnan(s)
-        ssum = np.bincount(gc[d], weights=s[d], minlength=n_groups * n_c).reshape(n_groups, n_c)
-        scnt = np.bincount(gc[d], minlength=n_groups * n_c).reshape(n_groups, n_c)
-        undefined = n_rows_g - np.bincount(g[d], minlength=n_groups)
-        per_metric[m] = (ssum, scnt, undefined)
+    for m, s, bad in _row_scores(counts["tp"], counts["fp"], counts["fn"]):
+        ssum = np.bincount(gc, weights=s, minlength=n_groups * n_c).reshape(n_groups, n_c)
+        undef_gc = np.bincount(gc[bad], minlength=n_groups * n_c).reshape(n_groups, n_c)
+        per_metric[m] = (ssum, rows_gc - undef_gc, undef_gc.sum(axis=1))
     records = []
     sort_idx = sorted(range(n_groups), key=lambda k: gkeys[k])  # groups in key order, as groupby(sort=True)
     for k in sort_idx:

@@ -193,3 +193,40 @@ def test_cli_output_equals_the_pandas_path_in_every_format(files, fmt, monkeypat
     slow = CliRunner().invoke(app, args)
     assert fast.exit_code == slow.exit_code == 0
     assert fast.output == slow.output and "global-micro" in fast.output
+
+
+@pytest.mark.parametrize("case", ["fine", "bad total in the last row", "null in a checked-only column"])
+def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monkeypatch, case):
+    """With 3-row batches (msb.analysis.reaggregate_fast._BATCH_ROWS) the check-only columns are read in many
+    batches: the scores stay the pandas path's, and a bad row in the last batch still goes to the pandas path
+    (which raises)."""
+    import msb.analysis.reaggregate_fast as rf
+
+    monkeypatch.setattr(rf, "_BATCH_ROWS", 3)
+    f = files[0]
+    d = tmp_path / "batched" / "counts.parquet"
+    last = {"bad total in the last row": dict(tn=lambda c: pa.array(c.to_numpy()[:-1].tolist() + [c.to_numpy()[-1] + 1])),
+            "null in a checked-only column": dict(source=lambda c: pa.array(c.to_pylist()[:-1] + [None], pa.string())),
+            "fine": {}}[case]
+    path = _rewrite(f, d, **last) if last else f
+    assert pq.ParquetFile(path).metadata.num_rows > 3 * 5
+    got = fast_reaggregate([path], DEFAULT_GROUP)
+    if case == "fine":
+        want = reaggregate(read_counts([path]), group_by=DEFAULT_GROUP)
+        pd.testing.assert_frame_equal(got.to_frame(), want.reset_index(drop=True), check_exact=False, rtol=0, atol=1e-15)
+    else:
+        assert got is None
+        with pytest.raises(MSBError):
+            reaggregate(read_counts([path]), group_by=DEFAULT_GROUP)
+
+
+def test_large_strings_equal_arrow_cast_on_sliced_arrays():
+    """msb.analysis.reaggregate_fast._large_strings (offsets widened by hand) equals Arrow's cast, also for a
+    slice (non-zero offset) and with nulls (which it hands to cast)."""
+    from msb.analysis.reaggregate_fast import _large_strings
+
+    arr = pa.array(["", "a", "bcd", "é€", "x" * 40, "yz"])
+    for a in (arr, arr.slice(2), arr.slice(1, 3), pa.array(["a", None, "b"])):
+        got = _large_strings(a)
+        assert got.type == pa.large_string()
+        assert got.equals(a.cast(pa.large_string())) and got.to_pylist() == a.to_pylist()
