@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import shutil
+import sys
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -219,7 +221,15 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
 
 
 #: Prediction files that may wait for the background writer (bounds the memory of queued arrays).
-_PENDING = 8
+#: Images whose prediction file and metrics wait for the writer threads, at most (and at most
+#: ``_PENDING_BYTES`` of their arrays): large enough that the forward pass never waits for the writers.
+_PENDING = 256
+_PENDING_BYTES = 256 * 2**20
+#: Writer threads, and their ``nice`` increment: they run at the lowest priority, so that on a machine whose
+#: cores the forward pass's threads fill they take only idle time, and the forward runs as fast as it would
+#: alone (measured: docs/performance.md); after the last batch they drain the queue on every core.
+_WRITERS = 2
+_WRITER_NICE = 19
 
 
 def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
@@ -261,10 +271,12 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     if metrics_cfg is not None and metrics_cfg.legacy and not cfg.evaluation.save_probabilities:
         metrics_cfg = None
     metric_rows: dict[str, list[dict[str, object]]] | None = {} if metrics_cfg is not None else None
-    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msb-npz")
-    pending: deque[Future] = deque()
+    writer = ThreadPoolExecutor(max_workers=max(1, min(_WRITERS, os.cpu_count() or 1)), thread_name_prefix="msb-npz",
+                                initializer=_background_priority)
+    pending: deque[tuple[Future, int]] = deque()
+    pending_bytes = 0
     try:
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd records at all (no_grad still keeps version counters)
             for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
                 with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
                                     enabled=amp_dtype is not None):
@@ -293,13 +305,18 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     widths.append(w)
                     prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                                if cfg.evaluation.save_probabilities else None)
-                    pending.append(writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid],
-                                                 class_ids, prob_u8, metrics_cfg, metric_rows))
-                    while len(pending) > _PENDING or (pending and pending[0].done()):
-                        pending.popleft().result()
+                    size = pred_np.nbytes + ref.nbytes + (prob_u8.nbytes if prob_u8 is not None else 0)
+                    pending.append((writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid],
+                                                  class_ids, prob_u8, metrics_cfg, metric_rows), size))
+                    pending_bytes += size
+                    while pending and (len(pending) > _PENDING or pending_bytes > _PENDING_BYTES
+                                       or pending[0][0].done()):
+                        done, size = pending.popleft()
+                        done.result()
+                        pending_bytes -= size
                     fault_point("evaluate.prediction")
         while pending:
-            pending.popleft().result()
+            pending.popleft()[0].result()
     finally:
         writer.shutdown(wait=True, cancel_futures=True)
     counts = {c: np.concatenate([m[c] for m in per_image]) for c in per_image[0]}
@@ -337,8 +354,18 @@ def _write_and_score(pred_dir: Path, sid: str, pred: np.ndarray, ref: np.ndarray
                      rows: dict | None) -> None:
     """Background job of one image: write its prediction file, then (``rows`` not None) put its metrics rows,
     computed from the same arrays as the file holds, into ``rows[sid]``."""
-    path = write_prediction_file(pred_dir, sid, pred, ref, spacing, class_ids, prob_u8)
+    path = write_prediction_file(pred_dir, sid, pred, ref, spacing, class_ids, prob_u8, atomic=False)  # staged
     if rows is not None:
         from msb.evaluation.image_metrics import image_metric_rows
 
         rows[sid] = image_metric_rows(path, pred, ref, spacing, class_ids, metrics_cfg, prob_u8)
+
+
+def _background_priority() -> None:
+    """Lower the calling writer thread's scheduling priority by ``_WRITER_NICE`` (Linux applies ``nice`` to the
+    calling thread only, see ``man 2 setpriority``, NOTES; elsewhere, or where refused, nothing changes)."""
+    try:
+        if sys.platform.startswith("linux"):
+            os.nice(_WRITER_NICE)
+    except OSError:
+        pass

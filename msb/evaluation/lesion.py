@@ -112,13 +112,21 @@ def _crop_to_union(pred: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.nd
     return pred[box], ref[box], (int(rows[0]), int(cols[0]))
 
 
+def _joint_histogram(lab_p: np.ndarray, n_p: int, lab_r: np.ndarray, n_r: int) -> np.ndarray:
+    """``inter[r, p]`` = pixels in reference lesion ``r`` and predicted component ``p`` (0 = background),
+    int64 ``(n_r + 1, n_p + 1)``."""
+    return np.bincount((lab_r.ravel().astype(np.int64) * (n_p + 1) + lab_p.ravel()),
+                       minlength=(n_r + 1) * (n_p + 1)).reshape(n_r + 1, n_p + 1)
+
+
 def _match(lab_p: np.ndarray, n_p: int, lab_r: np.ndarray, n_r: int, criterion: str,
-           iou_threshold: float, offset: tuple[int, int] = (0, 0)) -> LesionMatch:
+           iou_threshold: float, offset: tuple[int, int] = (0, 0), inter: np.ndarray | None = None) -> LesionMatch:
+    """One rule's match; ``inter``: the :func:`_joint_histogram` of the labels when already computed (it is
+    the same for every rule of an image)."""
     if n_p == 0 or n_r == 0:
         return LesionMatch(tp=0, fp=n_p, fn=n_r, tp_pred=0, n_pred=n_p, n_ref=n_r)
-    # joint histogram: inter[r, p] = #pixels in reference lesion r and predicted component p
-    inter = np.bincount((lab_r.ravel().astype(np.int64) * (n_p + 1) + lab_p.ravel()),
-                        minlength=(n_r + 1) * (n_p + 1)).reshape(n_r + 1, n_p + 1)
+    if inter is None and criterion != "centroid_in_reference":
+        inter = _joint_histogram(lab_p, n_p, lab_r, n_r)
     if criterion == "any_overlap":
         overlap = inter[1:, 1:] > 0
         tp = int(overlap.any(axis=1).sum())
@@ -202,7 +210,8 @@ def match_lesions_many(pred: np.ndarray, ref: np.ndarray, rules: Sequence[tuple[
     pred, ref, offset = _crop_to_union(pred, ref)
     lab_p, n_p = label_components(pred, connectivity, min_area)
     lab_r, n_r = label_components(ref, connectivity, min_area)
-    return [_match(lab_p, n_p, lab_r, n_r, c, t, offset) for c, t in rules]
+    inter = _joint_histogram(lab_p, n_p, lab_r, n_r) if n_p and n_r else None  # once for every rule
+    return [_match(lab_p, n_p, lab_r, n_r, c, t, offset, inter) for c, t in rules]
 
 
 def lesion_scores(match: LesionMatch) -> dict[str, float]:
@@ -238,9 +247,11 @@ def lesion_metrics(pred: np.ndarray, ref: np.ndarray, criteria: Sequence[str] = 
     lab_p, n_p = label_components(pred, connectivity, min_area)
     lab_r, n_r = label_components(ref, connectivity, min_area)
     out: dict[str, float | int] = {"n_lesions_pred": n_p, "n_lesions_ref": n_r}
+    inter = (_joint_histogram(lab_p, n_p, lab_r, n_r)  # once for every rule
+             if n_p and n_r and any(c != "centroid_in_reference" for c in criteria) else None)
     for criterion in criteria:
         key = criterion_key(criterion, iou_threshold)
-        m = _match(lab_p, n_p, lab_r, n_r, criterion, iou_threshold, offset)
+        m = _match(lab_p, n_p, lab_r, n_r, criterion, iou_threshold, offset, inter)
         out.update({f"lesion_{key}_tp": m.tp, f"lesion_{key}_fp": m.fp, f"lesion_{key}_fn": m.fn,
                     f"lesion_{key}_tp_pred": m.tp_pred})
         out.update({f"lesion_{key}_{name}": v for name, v in lesion_scores(m).items()})

@@ -174,3 +174,60 @@ def test_g_cascade_input_size_is_baked_in():
         _model("g_cascade", img_size=96)
     with pytest.raises(MSBError, match="multiples of 32"):
         _model("g_cascade", img_size=100)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_built_for_loading_equals_a_plain_build_and_load(arch: str):
+    """msb.models.two_prediction.built_for_loading (meta-device build, empty storage, strict load) gives the
+    network a plain build + load_state_dict gives: every tensor of the state equal, the same logits; the
+    U-Net is built once (the meta path), not twice (the fallback)."""
+    from msb.models.two_prediction import built_for_loading
+
+    params, size, _, _ = SPECS[arch]
+    cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params=params)
+    torch.manual_seed(1)
+    trained = build_model(cfg, 1).eval()
+    state = trained.state_dict()
+    calls = []
+
+    def build():
+        calls.append(1)
+        return build_model(cfg, 1)
+
+    net = built_for_loading(build, state).eval()
+    got = net.state_dict()
+    assert set(got) == set(state) and all(torch.equal(got[k], state[k]) for k in state)
+    assert all(p.device.type == "cpu" for p in net.parameters())
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(net.predict_logits(x), trained.predict_logits(x))
+    if arch == "unet":
+        assert len(calls) == 1
+
+
+def test_built_for_loading_falls_back_where_meta_cannot_build_the_same_network():
+    """A non-persistent buffer (not in the state dict) and a constructor that reads a tensor's value cannot be
+    built on the meta device: both are built the plain way (the buffer keeps its value), and a state dict with
+    a missing key still raises load_state_dict's error."""
+    from msb.models.two_prediction import built_for_loading
+
+    class WithBuffer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 1, 1)
+            self.register_buffer("table", torch.arange(4.0), persistent=False)
+
+    class ReadsAValue(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = int(torch.tensor([3]).sum().item())  # .item() of a meta tensor raises
+            self.lin = torch.nn.Linear(width, 1)
+
+    for cls in (WithBuffer, ReadsAValue):
+        torch.manual_seed(0)
+        state = cls().state_dict()
+        net = built_for_loading(cls, state)
+        assert all(torch.equal(net.state_dict()[k], v) for k, v in state.items())
+    assert torch.equal(built_for_loading(WithBuffer, WithBuffer().state_dict()).table, torch.arange(4.0))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        built_for_loading(WithBuffer, {"conv.weight": torch.zeros(1, 1, 1, 1)})
