@@ -197,12 +197,12 @@ def test_cli_output_equals_the_pandas_path_in_every_format(files, fmt, monkeypat
 
 @pytest.mark.parametrize("case", ["fine", "bad total in the last row", "null in a checked-only column"])
 def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monkeypatch, case):
-    """With 3-row batches (msb.analysis.reaggregate_fast._BATCH_ROWS) the check-only columns are read in many
+    """With 3-row batches (msb.analysis.counts_arrow.BATCH_ROWS) the check-only columns are read in many
     batches: the scores stay the pandas path's, and a bad row in the last batch still goes to the pandas path
     (which raises)."""
-    import msb.analysis.reaggregate_fast as rf
+    import msb.analysis.counts_arrow as ca
 
-    monkeypatch.setattr(rf, "_BATCH_ROWS", 3)
+    monkeypatch.setattr(ca, "BATCH_ROWS", 3)
     f = files[0]
     d = tmp_path / "batched" / "counts.parquet"
     last = {"bad total in the last row": dict(tn=lambda c: pa.array(c.to_numpy()[:-1].tolist() + [c.to_numpy()[-1] + 1])),
@@ -221,9 +221,9 @@ def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monk
 
 
 def test_large_strings_equal_arrow_cast_on_sliced_arrays():
-    """msb.analysis.reaggregate_fast._large_strings (offsets widened by hand) equals Arrow's cast, also for a
+    """msb.analysis.counts_arrow.large_strings (offsets widened by hand) equals Arrow's cast, also for a
     slice (non-zero offset) and with nulls (which it hands to cast)."""
-    from msb.analysis.reaggregate_fast import _large_strings
+    from msb.analysis.counts_arrow import large_strings as _large_strings
 
     arr = pa.array(["", "a", "bcd", "é€", "x" * 40, "yz"])
     for a in (arr, arr.slice(2), arr.slice(1, 3), pa.array(["a", None, "b"])):
