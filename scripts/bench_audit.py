@@ -106,7 +106,9 @@ def bench_search(n: int, k: int, workers: int, repeats: int) -> Row:
 
 
 def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
-    """Row 2 (None without ../shared/data)."""
+    """Row 2 (None without ../shared/data or with ``max_images < 1``)."""
+    if max_images < 1:
+        return None
     import imagehash
     from PIL import Image
 

@@ -12,6 +12,7 @@ a counting-sorted table of ``2**b`` buckets, so one probe of every hash is a gat
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
 from math import comb
 
@@ -49,13 +50,15 @@ def choose_substrings(n: int, k: int) -> tuple[int, float]:
     return best
 
 
-def pairs_mih(h: np.ndarray, k: int, m: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pairs_mih(h: np.ndarray, k: int, m: int | None = None,
+              workers: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All pairs ``i < j`` with ``popcount(h[i] ^ h[j]) <= k``, by multi-index hashing.
 
     Args:
         h: ``(N,)`` uint64 hashes.
         k: maximum Hamming distance, 0..64.
         m: substrings (default :func:`choose_substrings`); each at most 24 bits wide.
+        workers: threads probing a substring's masks (each thread its share of the masks; the same pairs).
 
     Returns:
         ``(i, j, d)``: int64, int64, uint8 arrays sorted by ``(i, j)`` (the same as
@@ -75,7 +78,7 @@ def pairs_mih(h: np.ndarray, k: int, m: int | None = None) -> tuple[np.ndarray, 
     if n < 2:
         return empty
     r = int(k) // m
-    found = []
+    found: list[np.ndarray] = []
     lo = 0
     ids = np.arange(n, dtype=np.int64)
     for b in _widths(m):
@@ -85,20 +88,37 @@ def pairs_mih(h: np.ndarray, k: int, m: int | None = None) -> tuple[np.ndarray, 
         count = np.bincount(vals, minlength=1 << b)
         start = np.zeros(1 << b, dtype=np.int64)
         np.cumsum(count[:-1], out=start[1:])
-        for f in _masks(b, r):
-            t = vals ^ f
-            c = count[t]
-            q = np.flatnonzero(c)
-            if not len(q):
-                continue
-            cq = c[q]
-            i = np.repeat(ids[q], cq)
-            first = np.repeat(np.cumsum(cq) - cq, cq)
-            j = order[np.repeat(start[t[q]], cq) + (np.arange(len(i), dtype=np.int64) - first)]
-            keep = j > i
-            i, j = i[keep], j[keep]
-            ok = _popcount(h[i] ^ h[j]) <= k
-            found.append(i[ok] * n + j[ok])
+        # the probes gather from a narrow copy of the counts (2**b bytes when they fit: cache-resident)
+        small = count.astype(np.uint8 if count.max(initial=0) < 256 else np.int32)
+
+        def probe(masks: np.ndarray) -> list[np.ndarray]:
+            t = np.empty(n, dtype=np.int64)  # reused by every mask of this thread
+            hit = np.empty(n, dtype=small.dtype)
+            out = []
+            for f in masks:
+                np.bitwise_xor(vals, f, out=t)
+                np.take(small, t, out=hit, mode="clip")  # t < 2**b: in range ("clip" avoids a temporary)
+                q = np.flatnonzero(hit)
+                if not len(q):
+                    continue
+                tq = t[q]
+                cq = count[tq]
+                i = np.repeat(ids[q], cq)
+                first = np.repeat(np.cumsum(cq) - cq, cq)
+                j = order[np.repeat(start[tq], cq) + (np.arange(len(i), dtype=np.int64) - first)]
+                keep = j > i
+                i, j = i[keep], j[keep]
+                ok = _popcount(h[i] ^ h[j]) <= k
+                out.append(i[ok] * n + j[ok])
+            return out
+
+        masks = _masks(b, r)
+        if workers > 1 and len(masks) > 1:  # NumPy releases the GIL in these loops: the masks split over threads
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for part in pool.map(probe, np.array_split(masks, min(workers, len(masks)))):
+                    found.extend(part)
+        else:
+            found.extend(probe(masks))
     if not found:
         return empty
     key = np.unique(np.concatenate(found))  # a pair close in several substrings is found several times

@@ -75,7 +75,7 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1,
         hashes: ``(N,)`` ``uint64``.
         k: maximum Hamming distance (0..64).
         block: rows per block of the NumPy path (memory ``~ 10 * block * N`` bytes per worker).
-        workers: threads (NumPy blocks, or faiss's OpenMP threads).
+        workers: threads (NumPy blocks, the multi-index probes, or faiss's OpenMP threads).
         backend: ``"auto"`` (multi-index hashing for large sets, see :data:`MIH_MIN`; else faiss when installed,
             else NumPy), ``"mih"``, ``"faiss"`` or ``"numpy"``; all give the same result.
 
@@ -98,7 +98,7 @@ def pairs_within(hashes: np.ndarray, k: int, block: int = 256, workers: int = 1,
     if backend == "mih" or (backend == "auto" and _mih_pays(len(h), int(k))):
         from msb.audit.mih import pairs_mih
 
-        return pairs_mih(h, int(k))
+        return pairs_mih(h, int(k), workers=workers)
     if backend != "numpy" and HAS_FAISS:
         return _pairs_faiss(h, int(k), workers)
     n = len(h)

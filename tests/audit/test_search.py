@@ -148,11 +148,28 @@ def test_multi_index_hashing_equals_the_exhaustive_search(m: int, k: int) -> Non
     h[202] = np.uint64((1 << (kk + 1)) - 1) << np.uint64(1) if kk < 63 else np.uint64(2**64 - 1)
     h[300:310] = rng.integers(0, 2**63, 10, dtype=np.uint64)
     ref = pairs_within(h, k, block=512, backend="numpy")
-    got = pairs_mih(h, k, m=m)
     assert len(ref[0]) >= (250 if k >= 3 else 60)  # the planted pairs (random pairs this close: ~1e-9)
-    for a, b in zip(got, ref):
-        assert a.dtype == b.dtype and np.array_equal(a, b)
+    for workers in (1, 2):  # two threads share the masks: the same pairs
+        got = pairs_mih(h, k, m=m, workers=workers)
+        for a, b in zip(got, ref):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
     assert [len(x) for x in pairs_mih(h[:1], k, m=m)] == [0, 0, 0]
+
+
+def test_multi_index_hashing_with_a_bucket_of_more_than_255_hashes() -> None:
+    """A substring value shared by 300 hashes (the probes' narrow count table is then int32, not uint8): the
+    exhaustive search's pairs, with one and two threads."""
+    from msb.audit.mih import pairs_mih
+
+    rng = np.random.default_rng(7)
+    h = rng.integers(0, 2**63, 2000, dtype=np.uint64)
+    h[:300] = (h[:300] & np.uint64(0xFFFFFFFFFFE00000)) | np.uint64(777)  # 300 equal low 21-bit substrings
+    h[300:320] = h[0] ^ (np.uint64(1) << rng.integers(21, 64, 20).astype(np.uint64))  # 1 bit from h[0]
+    ref = pairs_within(h, 8, block=512, backend="numpy")
+    assert len(ref[0]) >= 20
+    for workers in (1, 2):
+        for a, b in zip(pairs_mih(h, 8, m=3, workers=workers), ref):
+            assert np.array_equal(a, b)
 
 
 def test_auto_uses_mih_only_for_large_sets(monkeypatch) -> None:
