@@ -20,6 +20,7 @@ undefined in the resample) are left out and counted (``n_undefined``).
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -172,6 +173,8 @@ def _draw_blocks(n: int, n_boot: int, seed: int, strata: np.ndarray | None) -> I
 #: Draws per call above which the gathers run in a worker thread while the main thread draws the next
 #: block (NumPy releases the GIL in both); below it the thread costs more than it saves.
 _PIPELINE_DRAWS = 2_000_000
+#: Blocks drawn ahead of the worker thread, at most (absorbs the jitter of the two threads' block times).
+_PIPELINE_DEPTH = 3
 
 
 def _replicates(jobs: Sequence[tuple[ImageTable, str, str]], n: int, n_boot: int, seed: int,
@@ -205,15 +208,15 @@ def _replicates(jobs: Sequence[tuple[ImageTable, str, str]], n: int, n_boot: int
             done += idx.shape[0]
         return reps
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = None
+        pending: deque = deque()
         done = 0
         for idx in blocks:
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(score_block, done, idx)
+            while len(pending) >= _PIPELINE_DEPTH:  # at most this many blocks drawn ahead of the worker
+                pending.popleft().result()
+            pending.append(pool.submit(score_block, done, idx))
             done += idx.shape[0]
-        if pending is not None:
-            pending.result()
+        while pending:
+            pending.popleft().result()
     return reps
 
 
