@@ -80,7 +80,6 @@ def pairs_mih(h: np.ndarray, k: int, m: int | None = None,
     r = int(k) // m
     found: list[np.ndarray] = []
     lo = 0
-    ids = np.arange(n, dtype=np.int64)
     for b in _widths(m):
         vals = ((h >> np.uint64(lo)) & np.uint64((1 << b) - 1)).astype(np.int64)
         lo += b
@@ -88,22 +87,24 @@ def pairs_mih(h: np.ndarray, k: int, m: int | None = None,
         count = np.bincount(vals, minlength=1 << b)
         start = np.zeros(1 << b, dtype=np.int64)
         np.cumsum(count[:-1], out=start[1:])
-        # the probes gather from a narrow copy of the counts (2**b bytes when they fit: cache-resident)
+        # the probes gather from a narrow copy of the counts (2**b bytes when they fit), at the hashes taken in
+        # sorted order of the substring: neighbouring probes then hit neighbouring buckets (cache lines)
         small = count.astype(np.uint8 if count.max(initial=0) < 256 else np.int32)
+        svals = vals[order]
 
         def probe(masks: np.ndarray) -> list[np.ndarray]:
             t = np.empty(n, dtype=np.int64)  # reused by every mask of this thread
             hit = np.empty(n, dtype=small.dtype)
             out = []
             for f in masks:
-                np.bitwise_xor(vals, f, out=t)
+                np.bitwise_xor(svals, f, out=t)
                 np.take(small, t, out=hit, mode="clip")  # t < 2**b: in range ("clip" avoids a temporary)
                 q = np.flatnonzero(hit)
                 if not len(q):
                     continue
                 tq = t[q]
                 cq = count[tq]
-                i = np.repeat(ids[q], cq)
+                i = np.repeat(order[q], cq)
                 first = np.repeat(np.cumsum(cq) - cq, cq)
                 j = order[np.repeat(start[tq], cq) + (np.arange(len(i), dtype=np.int64) - first)]
                 keep = j > i
