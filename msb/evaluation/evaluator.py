@@ -33,9 +33,6 @@ import errno
 import math
 import os
 import shutil
-import sys
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +49,7 @@ from msb.data.torch_dataset import SegmentationDataset
 from msb.models.checkpoint import load_checkpoint
 from msb.errors import MSBError
 from msb.evaluation.artifacts import finish_evaluation_folder, write_prediction_file
+from msb.evaluation.background import BackgroundJobs
 from msb.evaluation.counts import compute_confusion_counts, counts_rows
 from msb.evaluation.postprocess import apply_normalisation
 from msb.evaluation.protocol_context import protocol_context
@@ -220,14 +218,13 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     return EvaluationResult(role, out_dir / "counts.parquet", out_dir / "predictions", metrics_path, n, rec.sha256)
 
 
-#: Prediction files that may wait for the background writer (bounds the memory of queued arrays).
 #: Images whose prediction file and metrics wait for the writer threads, at most (and at most
-#: ``_PENDING_BYTES`` of their arrays): large enough that the forward pass never waits for the writers.
+#: ``_PENDING_BYTES`` of their arrays); over that the main thread runs the oldest jobs itself.
 _PENDING = 256
 _PENDING_BYTES = 256 * 2**20
-#: Writer threads, and their ``nice`` increment: they run at the lowest priority, so that on a machine whose
-#: cores the forward pass's threads fill they take only idle time, and the forward runs as fast as it would
-#: alone (measured: docs/performance.md); after the last batch they drain the queue on every core.
+#: Writer threads, and their ``nice`` increment: at the lowest priority they take only the time the forward
+#: pass's threads leave, so the forward runs as fast as alone (measured: docs/performance.md); the main thread
+#: runs the jobs left after the last batch beside them (:class:`msb.evaluation.background.BackgroundJobs`).
 _WRITERS = 2
 _WRITER_NICE = 19
 
@@ -262,20 +259,17 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     heights: list[int] = []
     widths: list[int] = []
     class_ids = np.array([c.class_id for c in classes], dtype=np.int64)
-    # prediction files are deflate-compressed by one background thread (zlib releases the GIL), overlapping the
-    # next images' forward pass; at most _PENDING files wait, and every write has finished (its error raised
-    # here) before counts.parquet is written
-    # the metrics table is computed from the same arrays by that thread (no read-back of the files), unless
+    # prediction files are deflate-compressed by low-priority background threads (zlib releases the GIL),
+    # overlapping the next images' forward pass; at most _PENDING files wait, and every write has finished (its
+    # error raised here) before counts.parquet is written
+    # the metrics table is computed from the same arrays by those threads (no read-back of the files), unless
     # legacy metrics need probability maps that are not kept (then the read-back raises its usual error)
     metrics_cfg = cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None
     if metrics_cfg is not None and metrics_cfg.legacy and not cfg.evaluation.save_probabilities:
         metrics_cfg = None
     metric_rows: dict[str, list[dict[str, object]]] | None = {} if metrics_cfg is not None else None
-    writer = ThreadPoolExecutor(max_workers=max(1, min(_WRITERS, os.cpu_count() or 1)), thread_name_prefix="msb-npz",
-                                initializer=_background_priority)
-    pending: deque[tuple[Future, int]] = deque()
-    pending_bytes = 0
-    try:
+    with BackgroundJobs(max(1, min(_WRITERS, os.cpu_count() or 1)), _WRITER_NICE, _PENDING, _PENDING_BYTES,
+                        name="msb-npz") as writer:
         with torch.inference_mode():  # no autograd records at all (no_grad still keeps version counters)
             for x, _, idx in track(loader, f"evaluating {role}", len(loader)):
                 with torch.autocast(device_type=device.type, dtype=amp_dtype or torch.float32,
@@ -306,19 +300,10 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                     prob_u8 = (np.round(prob.cpu().numpy() * 255).astype(np.uint8)
                                if cfg.evaluation.save_probabilities else None)
                     size = pred_np.nbytes + ref.nbytes + (prob_u8.nbytes if prob_u8 is not None else 0)
-                    pending.append((writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid],
-                                                  class_ids, prob_u8, metrics_cfg, metric_rows), size))
-                    pending_bytes += size
-                    while pending and (len(pending) > _PENDING or pending_bytes > _PENDING_BYTES
-                                       or pending[0][0].done()):
-                        done, size = pending.popleft()
-                        done.result()
-                        pending_bytes -= size
+                    writer.submit(_write_and_score, pred_dir, sid, pred_np, ref, spacings[sid], class_ids, prob_u8,
+                                  metrics_cfg, metric_rows, size=size)
                     fault_point("evaluate.prediction")
-        while pending:
-            pending.popleft()[0].result()
-    finally:
-        writer.shutdown(wait=True, cancel_futures=True)
+        writer.finish()
     counts = {c: np.concatenate([m[c] for m in per_image]) for c in per_image[0]}
     frame = counts_rows(context, counts, image_ids=done_ids, class_ids=class_ids,
                         class_names=[c.name for c in classes], heights=heights, widths=widths,
@@ -360,12 +345,3 @@ def _write_and_score(pred_dir: Path, sid: str, pred: np.ndarray, ref: np.ndarray
 
         rows[sid] = image_metric_rows(path, pred, ref, spacing, class_ids, metrics_cfg, prob_u8)
 
-
-def _background_priority() -> None:
-    """Lower the calling writer thread's scheduling priority by ``_WRITER_NICE`` (Linux applies ``nice`` to the
-    calling thread only, see ``man 2 setpriority``, NOTES; elsewhere, or where refused, nothing changes)."""
-    try:
-        if sys.platform.startswith("linux"):
-            os.nice(_WRITER_NICE)
-    except OSError:
-        pass

@@ -40,18 +40,44 @@ def test_prediction_file_reads_back_as_savez_compressed(tmp_path: Path, atomic: 
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux behaviour")
-def test_writer_threads_lower_only_their_own_priority() -> None:
-    from msb.evaluation.evaluator import _WRITER_NICE, _background_priority
+def test_background_threads_lower_only_their_own_priority() -> None:
+    from msb.evaluation.background import BackgroundJobs
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
-    seen = {}
+    seen = []
+    with BackgroundJobs(1, 7, 10, 1 << 20) as jobs:
+        jobs.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        jobs.finish()
+    assert seen and seen[0] in (min(19, before + 7), before)  # the job ran in the thread (niced) or in the caller
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the caller unchanged
 
-    def job():
-        _background_priority()
-        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    t = threading.Thread(target=job)
-    t.start()
-    t.join()
-    assert seen["thread"] == min(19, before + _WRITER_NICE)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the calling thread unchanged
+def test_background_jobs_run_all_once_help_when_full_and_raise_the_first_error() -> None:
+    """Every job runs exactly once (by a thread or by the caller); with the threads blocked the caller runs the
+    queued jobs itself once over max_jobs, and at finish; the error of the earliest failing job is raised."""
+    from msb.evaluation.background import BackgroundJobs
+
+    gate = threading.Event()
+    ran: list[tuple[int, str]] = []
+
+    def job(k: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            gate.wait()  # the background thread is stuck until released
+        ran.append((k, threading.current_thread().name))
+
+    with BackgroundJobs(1, 0, 3, 1 << 30) as jobs:
+        for k in range(8):
+            jobs.submit(job, k)
+        by_caller = [k for k, t in ran if t == threading.main_thread().name]
+        assert len(by_caller) >= 4  # the stuck thread holds one job; the caller kept the queue within 3
+        gate.set()
+        jobs.finish()
+    assert sorted(k for k, _ in ran) == list(range(8))
+
+    def fail(k: int) -> None:
+        raise ValueError(f"job {k}")
+
+    with BackgroundJobs(2, 0, 100, 1 << 30) as jobs, pytest.raises(ValueError, match="job 2"):
+        for k in range(5):  # a submit after job 2 failed raises it, else finish does (never job 4's)
+            jobs.submit(fail if k in (2, 4) else (lambda k: None), k)
+        jobs.finish()
