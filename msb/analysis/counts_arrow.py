@@ -51,6 +51,21 @@ def read_checked(path: Path, cols: list[str], group_by: Sequence[str] = ()) -> t
     names) are read and checked ``BATCH_ROWS`` rows at a time and dropped: the memory they take is one
     batch's, reused (at 1M rows the whole-file read was ~200 MB of fresh pages, most of the command's time on
     this machine; docs/performance.md).
+
+    Args:
+        path: a ``counts.parquet`` (schema: :data:`msb.evaluation.counts.COUNTS_COLUMNS`).
+        cols: the columns to read and check (:func:`needed_columns`); optional columns present in the file are
+            checked too (types, no missing values), as the pandas path reads them.
+        group_by: group columns (kept in the returned table besides the scored ones).
+
+    Returns:
+        ``(table, verified)``: one chunk per column, string columns as ``dictionary<int32, large_string>``
+        (counts in pixels, int64); ``verified`` = the SHA-256 matched the folder's ``digests.json``.
+
+    Raises:
+        Unusual: any failed check or unusual layout (the caller then runs the pandas path, which raises its
+            one-line error naming the file, column and row).
+        MSBError: a SHA-256 that differs from ``digests.json`` (the pandas path's message).
     """
     try:
         data = path.read_bytes()

@@ -216,8 +216,11 @@ def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monk
         pd.testing.assert_frame_equal(got.to_frame(), want.reset_index(drop=True), check_exact=False, rtol=0, atol=1e-15)
     else:
         assert got is None
-        with pytest.raises(MSBError):
+        with pytest.raises(MSBError) as err:
             reaggregate(read_counts([path]), group_by=DEFAULT_GROUP)
+        assert str(path) in str(err.value)  # the one-line error names the file
+        if case == "null in a checked-only column":
+            assert "'source' has missing values" in str(err.value)
 
 
 def test_large_strings_equal_arrow_cast_on_sliced_arrays():
