@@ -4,21 +4,21 @@ Rows (one run, repeats interleaved, median / min / max printed, ratio ours / bes
 
 1. **bootstrap, global-micro Dice** and 2. **bootstrap, image-macro Dice**: ``--images`` images (10,000) x
    ``--replicates`` (2,000), seed 0, synthetic binary counts (object sizes log-uniform, 10 % empty
-   references). Ours: :func:`msb.analysis.bootstrap.bootstrap_rule` on a prepared
-   :class:`~msb.analysis.rules.ImageTable`. Competitors:
+   references). Ours: :func:`msb.analysis.stats.bootstrap.bootstrap_rule` on a prepared
+   :class:`~msb.analysis.counts.rules.ImageTable`. Competitors:
 
    * a plain NumPy loop over replicates: per replicate ``rng.integers(0, n, n, dtype=np.int32)`` (the faster
      32-bit draws, the same stream as ours, so the replicates must be identical: ``|diff| <= 1e-12``), then
      ``np.sum`` of the drawn TP, FP, FN (global-micro) or ``np.nanmean`` of the drawn per-image Dice;
    * ``scipy.stats.bootstrap(vectorized=True, method="percentile", batch=250)`` (``paired=True`` over
      TP, FP, FN for global-micro). Its draws are its own; the check recomputes our rule kernel
-     (:func:`msb.analysis.rules.rule_values`) on scipy's reconstructed draws and compares with scipy's
+     (:func:`msb.analysis.counts.rules.rule_values`) on scipy's reconstructed draws and compares with scipy's
      ``bootstrap_distribution`` (``|diff| <= 1e-12``).
 
 3. **reaggregate of a ``--rows`` counts.parquet** (1,000,000 rows: 20 runs x 25,000 images x 2 classes,
    every schema column, no ``digests.json``): ours = the ``msb reaggregate FILE --out DIR`` command in a
    subprocess (start-up, schema and row checks, duplicate-key check, 3 rules x 4 metrics, scores.csv and
-   scores.parquet; the columnar path :mod:`msb.analysis.reaggregate_fast`, which imports no pandas); competitor = a pandas script in a subprocess that reads the needed columns and computes
+   scores.parquet; the columnar path :mod:`msb.analysis.counts.reaggregate_fast`, which imports no pandas); competitor = a pandas script in a subprocess that reads the needed columns and computes
    the same 3 rules x 4 metrics with ``groupby`` sums and means and writes a CSV. Peak resident memory of
    each subprocess (``ru_maxrss``) is printed. Value check: every score equal (``|diff| <= 1e-12``).
    ``--rows-10m`` also measures ours at 10,000,000 rows (time and peak memory, no competitor).
@@ -48,8 +48,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from bench_common import Row, interleave, print_row  # noqa: E402
 
-from msb.analysis.bootstrap import bootstrap_rule  # noqa: E402
-from msb.analysis.rules import image_table, rule_values  # noqa: E402
+from msb.analysis.stats.bootstrap import bootstrap_rule  # noqa: E402
+from msb.analysis.counts.rules import image_table, rule_values  # noqa: E402
 
 HW = 256 * 256
 

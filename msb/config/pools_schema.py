@@ -116,7 +116,7 @@ class ContrastsSpec(StrictModel):
     """``contrasts`` of a study file: what ``msb contrasts`` tabulates.
 
     - ``pairs``: ``[pool_a, pool_b]`` pairs; each row is the mean over seeds of ``score(a) - score(b)``.
-    - ``populations``: ``{name: spec}``, spec as :func:`msb.analysis.populations.parse_population`
+    - ``populations``: ``{name: spec}``, spec as :func:`msb.analysis.stats.populations.parse_population`
       (``all`` = every evaluated row; ``source:A,B``; ``ids:FILE``; ``flag:FILE[:COLUMN]``).
     - ``metric``, ``rule``: the score (``dice`` under ``image-macro`` by default).
     - ``n_boot``, ``level``, ``boot_seed``: the bootstrap over images (second interval row).

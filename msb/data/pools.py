@@ -72,7 +72,7 @@ def strata_labels(ids: Sequence[str], keys: Sequence[str], source: dict[str, str
 
 
 def _flagged(flag_file: str) -> set[str]:
-    from msb.analysis.populations import parse_population  # reads audit tables; no training code
+    from msb.analysis.stats.populations import parse_population  # reads audit tables; no training code
 
     return set(parse_population(f"flag:{flag_file}").values)
 

@@ -1,7 +1,7 @@
 """Raw confusion counts per image x class, and the ``counts.parquet`` schema.
 
 The evaluator stores *counts*, not scores: every score (Dice, IoU, precision, recall) under every
-aggregation rule can be recomputed from them later (``msb reaggregate``, :mod:`msb.analysis.aggregate`).
+aggregation rule can be recomputed from them later (``msb reaggregate``, :mod:`msb.analysis.counts.aggregate`).
 The file layout is documented in ``docs/counts_schema.md``; this module is the single source of truth
 for the column names, their order and their dtypes.
 

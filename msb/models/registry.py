@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 __all__ = ["register", "available_architectures", "architecture_class", "build_model"]
 
 _REGISTRY: dict[str, type] = {}
-_BUILTIN_MODULES = ("msb.models.unet", "msb.models.pranet", "msb.models.polyp_pvt", "msb.models.sanet",
-                    "msb.models.pvt_cascade", "msb.models.g_cascade", "msb.models.segformer")
+_BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.zoo.polyp_pvt", "msb.models.zoo.sanet",
+                    "msb.models.zoo.pvt_cascade", "msb.models.zoo.g_cascade", "msb.models.zoo.segformer")
 
 
 def register(name: str) -> Callable[[type], type]:

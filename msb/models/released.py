@@ -12,7 +12,7 @@ Official names, per repository (the module tree of the official class; the fixtu
 - ``pranet`` (``DengPingFan/PraNet`` ``lib/PraNet_Res2Net.py``, class ``PraNet``): ``resnet.*`` (Res2Net-50 v1b,
   the same names as ours below ``backbone.model.``; ``resnet.fc`` is the unused classifier, dropped),
   ``rfb{2,3,4}_1``, ``agg1``, ``ra4_conv1..5``, ``ra3_conv1..4``, ``ra2_conv1..4``; every ``BasicConv2d`` has
-  ``.conv`` / ``.bn`` where our :class:`~msb.models.blocks.ConvBN` has ``.0`` / ``.1``.
+  ``.conv`` / ``.bn`` where our :class:`~msb.models.zoo.blocks.ConvBN` has ``.0`` / ``.1``.
 - ``polyp_pvt`` (``DengPingFan/Polyp-PVT`` ``lib/pvt.py``, ``PolypPVT``): ``backbone.*`` (official PVTv2 names),
   ``Translayer*``, ``CFM``, ``ca``, ``sa.conv1``, ``SAM``, ``out_SAM``, ``out_CFM``.
 - ``sanet`` (``weijun88/SANet`` ``src/model.py``, ``Model``): ``bkbone.*`` (Res2Net-50 v1b), ``linear{3,4,5}``,

@@ -55,7 +55,7 @@ def run_profile(device: str, archs: Sequence[str] = (), study: str | Path | None
         role, rule: checkpoint role and aggregation rule of the study's Dice.
         x_axis: ``gmacs`` or ``latency`` for the scatter.
         model_configs: ``{config name: ModelConfig}`` of the architecture configs
-            (:func:`msb.cli_models.architecture_model_configs`); with no ``archs`` all of them are profiled
+            (:func:`msb.cli.catalog.architecture_model_configs`); with no ``archs`` all of them are profiled
             (all registry names when empty).
 
     Raises:

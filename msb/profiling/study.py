@@ -6,7 +6,7 @@ sibling run folders of the same model config. This module reads artifacts only (
 
 Runs with the same model config (:func:`~msb.profiling.measure.model_label`) and class count are profiled once,
 at their training input size(s) (``data.input_size``) plus any ``--input-size`` given. Accuracy is re-aggregated
-from the counts with :func:`msb.analysis.aggregate.reaggregate`, pooling the count rows of all runs (folds) of
+from the counts with :func:`msb.analysis.counts.aggregate.reaggregate`, pooling the count rows of all runs (folds) of
 one model on one dataset split and input size.
 """
 
@@ -18,8 +18,8 @@ from typing import Callable
 
 import pandas as pd
 
-from msb.analysis.aggregate import ALL_RULES, reaggregate
-from msb.analysis.counts_io import read_counts
+from msb.analysis.counts.aggregate import ALL_RULES, reaggregate
+from msb.analysis.counts.counts_io import read_counts
 from msb.config.layering import load_yaml
 from msb.config.schema import RunConfig
 from msb.errors import MSBError

@@ -1,4 +1,4 @@
-"""Tests for msb.analysis.counts_io and msb.analysis.aggregate on a hand-made counts table.
+"""Tests for msb.analysis.counts.counts_io and msb.analysis.counts.aggregate on a hand-made counts table.
 
 Hand-made table: 3 images (a, b, c) x 2 classes (1, 2), every image 4 x 4 = 16 pixels.
 
@@ -35,8 +35,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from msb.analysis import aggregate as agg_mod
-from msb.analysis.aggregate import (
+from msb.analysis.counts import aggregate as agg_mod
+from msb.analysis.counts.aggregate import (
     ALL_METRICS,
     ALL_RULES,
     DEFAULT_GROUP,
@@ -51,7 +51,7 @@ from msb.analysis.aggregate import (
     scores_wide,
     write_scores,
 )
-from msb.analysis.counts_io import read_counts, read_counts_with_report
+from msb.analysis.counts.counts_io import read_counts, read_counts_with_report
 from msb.errors import MSBError
 from msb.evaluation.counts import COUNTS_COLUMNS, counts_rows, write_counts
 
@@ -296,7 +296,7 @@ def test_missing_columns_are_listed(tmp_path):
 def test_a_scores_file_is_named_as_such(tmp_path, counts_file):
     """``msb reaggregate runs/s/scores.parquet`` (the scores, not the counts) says what the file is and which
     path to give instead, not "rewrite it with the current schema"."""
-    from msb.analysis.aggregate import write_scores
+    from msb.analysis.counts.aggregate import write_scores
 
     _, scores = write_scores(reaggregate(read_counts(counts_file)), tmp_path / "runs" / "s")
     with pytest.raises(MSBError) as e:

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from msb.analysis.aggregate import ALL_RULES, aggregate
-from msb.analysis.bootstrap import (bootstrap_mean, bootstrap_rule, bootstrap_rules, paired_difference,
+from msb.analysis.counts.aggregate import ALL_RULES, aggregate
+from msb.analysis.stats.bootstrap import (bootstrap_mean, bootstrap_rule, bootstrap_rules, paired_difference,
                                     percentile_interval, resample_indices, resample_weights)
-from msb.analysis.rules import image_table, rule_values
+from msb.analysis.counts.rules import image_table, rule_values
 from msb.errors import MSBError
 
 
@@ -136,7 +136,7 @@ def test_bad_arguments_and_mismatched_images():
                                   "image-foreground"])
 @pytest.mark.parametrize("metric", ["dice", "iou", "precision", "recall"])
 def test_gathered_rules_equal_the_weights_path(rule, metric):
-    """The gather path (msb.analysis.bootstrap._gather_kernel) gives the weights path's replicates: the rule
+    """The gather path (msb.analysis.stats.bootstrap._gather_kernel) gives the weights path's replicates: the rule
     kernel rule_values on the resampling counts of the same draws (two classes for the class-pooling rules,
     fold strata; single-class image-macro on a one-class table)."""
     two = pd.concat([random_counts(90, seed=4, folds=3), random_counts(90, seed=5, folds=3).assign(class_id=2)])
@@ -151,10 +151,10 @@ def test_gathered_rules_equal_the_weights_path(rule, metric):
 
 
 def test_cache_sized_draw_blocks_are_the_chunked_draws():
-    """msb.analysis.bootstrap._draw_blocks draws unstratified replicates a few rows per Generator.integers call;
+    """msb.analysis.stats.bootstrap._draw_blocks draws unstratified replicates a few rows per Generator.integers call;
     the concatenation equals the 250-replicate blocks of resample_indices (one stream whatever the call sizes),
     so the replicates do not depend on the block size; stratified blocks are cut from those blocks."""
-    from msb.analysis.bootstrap import _draw_blocks
+    from msb.analysis.stats.bootstrap import _draw_blocks
 
     for n, n_boot in [(10_001, 300), (37, 260), (3, 5)]:
         ref = np.concatenate(list(resample_indices(n, n_boot, seed=5)))
@@ -171,7 +171,7 @@ def test_large_counts_and_the_worker_thread_give_the_weights_path_replicates(mon
     """Counts too large to pack two sums into one int64 (n * max(TP) >= 2**32: two columns) and the pipelined
     path (gathers in a worker thread while the next block is drawn) give the replicates of rule_values on the
     resampling counts, exactly for the count rule."""
-    import msb.analysis.bootstrap as bs
+    import msb.analysis.stats.bootstrap as bs
 
     df = random_counts(400, seed=8)
     df[["tp", "fp", "fn"]] *= 40_000_000  # TP up to 1.6e10 per image: n * max(TP) >> 2**32
@@ -194,7 +194,7 @@ def test_large_counts_and_the_worker_thread_give_the_weights_path_replicates(mon
 def test_packed_counts_are_exact_at_the_32_bit_limit():
     """Two sums packed into one int64 (TP low 32 bits, FP + FN high) at the largest values allowed: the unpacked
     sums of every replicate equal the weights path exactly (Dice of the sums, exact float arithmetic)."""
-    import msb.analysis.bootstrap as bs
+    import msb.analysis.stats.bootstrap as bs
 
     n = 64
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Training-pool contrasts (msb.analysis.contrasts) from hand-built counts: one contrast value, its paired-t
+"""Training-pool contrasts (msb.analysis.stats.contrasts) from hand-built counts: one contrast value, its paired-t
 interval (scipy.stats.t), its bootstrap interval (a plain NumPy loop over the documented draws), the sign flag,
 the population ranks (scipy.stats.spearmanr) and the written files.
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from msb.analysis.contrasts import (CONTRAST_COLUMNS, INTERVAL_BOOT, INTERVAL_T, contrast_table, pool_runs,
+from msb.analysis.stats.contrasts import (CONTRAST_COLUMNS, INTERVAL_BOOT, INTERVAL_T, contrast_table, pool_runs,
                                     population_ranks, write_contrasts)
 from msb.errors import MSBError
 
@@ -129,8 +129,8 @@ def test_files_and_run_discovery(tmp_path):
 
 
 def test_report_section_reads_the_written_files(tmp_path):
-    from msb.analysis.report_contrasts import write_contrasts_section
-    from msb.analysis.report_doc import ReportDoc
+    from msb.analysis.report.report_contrasts import write_contrasts_section
+    from msb.analysis.report.report_doc import ReportDoc
 
     doc = ReportDoc(tmp_path / "report")
     assert not write_contrasts_section(doc, tmp_path / "study")  # no contrasts/: no section

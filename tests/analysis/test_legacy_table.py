@@ -1,4 +1,4 @@
-"""The LEGACY six-metric table layout (``msb.analysis.legacy_table``) from metrics rows written here."""
+"""The LEGACY six-metric table layout (``msb.analysis.report.legacy_table``) from metrics rows written here."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis.legacy_table import (LEGACY_LABEL, SIX_METRICS, legacy_report_table, legacy_scores,
+from msb.analysis.report.legacy_table import (LEGACY_LABEL, SIX_METRICS, legacy_report_table, legacy_scores,
                                        six_metric_table, write_six_metric_table)
 
 

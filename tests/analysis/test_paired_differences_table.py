@@ -1,7 +1,7 @@
-"""``msb.analysis.compare.paired_differences_table`` (used by ``msb report`` and ``msb reaggregate --compare``)
+"""``msb.analysis.stats.compare.paired_differences_table`` (used by ``msb report`` and ``msb reaggregate --compare``)
 replicate by replicate against an independent NumPy re-implementation of the paired image bootstrap.
 
-The draw convention re-implemented here is the one documented in :mod:`msb.analysis.bootstrap`: one
+The draw convention re-implemented here is the one documented in :mod:`msb.analysis.stats.bootstrap`: one
 ``numpy.random.default_rng(seed)`` per (pair, rule), replicates drawn in blocks of 250 rows, each row ``n``
 image positions from ``Generator.integers(0, n, dtype=int32)``; with several folds, each fold's positions are
 drawn among themselves (folds in sorted order, one ``integers`` call per fold and block). Both systems of a pair
@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis import compare as compare_mod
-from msb.analysis.compare import paired_differences_table
-from msb.analysis.rules import image_table
-from msb.analysis.systems import align_tables
+from msb.analysis.stats import compare as compare_mod
+from msb.analysis.stats.compare import paired_differences_table
+from msb.analysis.counts.rules import image_table
+from msb.analysis.counts.systems import align_tables
 from msb.evaluation.counts import counts_rows, write_counts
 
 REPO = Path(__file__).resolve().parents[2]

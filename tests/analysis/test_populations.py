@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from msb.analysis.populations import compare_populations, parse_population
+from msb.analysis.stats.populations import compare_populations, parse_population
 from msb.errors import MSBError
 
 ROWS = {"a": ("cvc", 8, 2, 0), "b": ("cvc", 0, 0, 4), "c": ("kvasir", 5, 0, 5), "d": ("kvasir", 9, 1, 0)}

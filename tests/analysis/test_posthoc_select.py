@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import scikit_posthocs as sp
 
-from msb.analysis.compare import compare_systems
+from msb.analysis.stats.compare import compare_systems
 
 RNG = np.random.default_rng(5)
 IMAGES = [f"i{k}" for k in range(12)]

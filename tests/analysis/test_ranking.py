@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis.aggregate import ALL_RULES, reaggregate
-from msb.analysis.ranking import rank_table, ranking_correlations, ranking_sensitivity
+from msb.analysis.counts.aggregate import ALL_RULES, reaggregate
+from msb.analysis.stats.ranking import rank_table, ranking_correlations, ranking_sensitivity
 from msb.errors import MSBError
 
 
@@ -92,7 +92,7 @@ def test_ranking_errors():
 
 
 def test_compare_systems_reports_the_flip_from_counts():
-    from msb.analysis.compare import compare_systems
+    from msb.analysis.stats.compare import compare_systems
 
     comps = compare_systems(pd.concat([LARGE, SMALL], ignore_index=True), system_by="run", n_boot=200)
     assert len(comps) == 1 and comps[0].systems == ("large", "small") and comps[0].n_images == 5

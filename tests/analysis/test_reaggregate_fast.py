@@ -1,4 +1,4 @@
-"""Tests for msb.analysis.reaggregate_fast: the columnar ``msb reaggregate`` gives the pandas path's table and
+"""Tests for msb.analysis.counts.reaggregate_fast: the columnar ``msb reaggregate`` gives the pandas path's table and
 files on the same count files, hands every unusual case to the pandas path (returns None) and imports no pandas.
 
 Independent references: the hand-computed scores of tests/analysis/test_aggregate.py (TABLE, EXPECTED) and a
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from msb.analysis.aggregate import ALL_RULES, DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate, scores_wide, write_scores
-from msb.analysis.counts_io import read_counts
-from msb.analysis.reaggregate_fast import fast_reaggregate
+from msb.analysis.counts.aggregate import ALL_RULES, DEFAULT_GROUP, POOL_FOLDS_GROUP, reaggregate, scores_wide, write_scores
+from msb.analysis.counts.counts_io import read_counts
+from msb.analysis.counts.reaggregate_fast import fast_reaggregate
 from msb.errors import MSBError
 from msb.evaluation.counts import write_counts
 from tests.analysis.test_aggregate import EXPECTED, TABLE, make_counts
@@ -167,7 +167,7 @@ def test_cli_reaggregate_imports_no_pandas(tmp_path, files):
 def test_codes_and_combined_keys_on_wide_ranges():
     """Integer codes by value (small range, wide range, constant) and a combined key that would overflow int64
     (it is compressed first) tell rows apart exactly as the tuples of their values do."""
-    from msb.analysis import reaggregate_fast as rf
+    from msb.analysis.counts import reaggregate_fast as rf
 
     vals = {"a": [5, 10**12, 5, -3], "b": [7, 7, 7, 7], "c": [2, 3, 2, 3]}
     t = pa.table({k: pa.array(v, pa.int64()) for k, v in vals.items()})
@@ -184,8 +184,8 @@ def test_codes_and_combined_keys_on_wide_ranges():
 def test_cli_output_equals_the_pandas_path_in_every_format(files, fmt, monkeypatch):
     from typer.testing import CliRunner
 
-    import msb.analysis.reaggregate_fast as rf
-    from msb.cli import app
+    import msb.analysis.counts.reaggregate_fast as rf
+    from msb.cli.app import app
 
     args = ["reaggregate", *map(str, files), "--format", fmt]
     fast = CliRunner().invoke(app, args)
@@ -197,10 +197,10 @@ def test_cli_output_equals_the_pandas_path_in_every_format(files, fmt, monkeypat
 
 @pytest.mark.parametrize("case", ["fine", "bad total in the last row", "null in a checked-only column"])
 def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monkeypatch, case):
-    """With 3-row batches (msb.analysis.counts_arrow.BATCH_ROWS) the check-only columns are read in many
+    """With 3-row batches (msb.analysis.counts.counts_arrow.BATCH_ROWS) the check-only columns are read in many
     batches: the scores stay the pandas path's, and a bad row in the last batch still goes to the pandas path
     (which raises)."""
-    import msb.analysis.counts_arrow as ca
+    import msb.analysis.counts.counts_arrow as ca
 
     monkeypatch.setattr(ca, "BATCH_ROWS", 3)
     f = files[0]
@@ -224,9 +224,9 @@ def test_checks_read_a_batch_at_a_time_still_see_every_row(tmp_path, files, monk
 
 
 def test_large_strings_equal_arrow_cast_on_sliced_arrays():
-    """msb.analysis.counts_arrow.large_strings (offsets widened by hand) equals Arrow's cast, also for a
+    """msb.analysis.counts.counts_arrow.large_strings (offsets widened by hand) equals Arrow's cast, also for a
     slice (non-zero offset) and with nulls (which it hands to cast)."""
-    from msb.analysis.counts_arrow import large_strings as _large_strings
+    from msb.analysis.counts.counts_arrow import large_strings as _large_strings
 
     arr = pa.array(["", "a", "bcd", "é€", "x" * 40, "yz"])
     for a in (arr, arr.slice(2), arr.slice(1, 3), pa.array(["a", None, "b"])):

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from scipy import stats
 
-from msb.analysis import report as report_mod
-from msb.analysis import report_data, report_doc
-from msb.analysis.report import FIGURE_IDS, SECTION_IDS, build_report
+from msb.analysis.report import report as report_mod
+from msb.analysis.report import report_data, report_doc
+from msb.analysis.report.report import FIGURE_IDS, SECTION_IDS, build_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ def _dice(tp, fp, fn) -> np.ndarray:
 def test_report_template_escapes_every_text(tmp_path: Path):
     """The jinja2 template autoescapes: markup in the study name, texts, headings, notes, figure reasons and
     checklist cells appears as text, never as tags; pandas tables keep their own escaping."""
-    from msb.analysis.contract import ChecklistItem
+    from msb.analysis.report.contract import ChecklistItem
 
     doc = report_doc.ReportDoc(tmp_path)
     evil = '<script>alert("x")</script> & \'q\''
@@ -172,7 +172,7 @@ def test_report_figures_plot_the_counts_and_boundary_matches_metrics(study: Path
     """The figures' plotted values (read back from their artists by ``figures.figure_data`` when the report
     saves them) equal per-image Dice computed with pandas from the stored counts and HD95 from the stored
     metrics tables; the boundary section equals the metrics tables' image means, medians and NaN counts."""
-    from msb.analysis.figures import figure_data
+    from msb.analysis.report.figures import figure_data
 
     plotted: dict[str, pd.DataFrame] = {}
     save = report_doc.save_figure
@@ -335,8 +335,8 @@ def test_reaggregate_extended_options(study: Path, tmp_path: Path):
 
 
 def test_user_errors_are_one_line_and_write_nothing(study: Path, tmp_path: Path):
-    from msb.analysis.compare import run_extended
-    from msb.analysis.populations import parse_population
+    from msb.analysis.stats.compare import run_extended
+    from msb.analysis.stats.populations import parse_population
     from msb.errors import MSBError
 
     empty = tmp_path / "empty"

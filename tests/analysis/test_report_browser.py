@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis.report import build_report
+from msb.analysis.report.report import build_report
 
 _CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
 _DRIVER = shutil.which("chromedriver")

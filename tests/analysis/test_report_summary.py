@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from msb.analysis import report_doc
-from msb.analysis.report import build_report
+from msb.analysis.report import report_doc
+from msb.analysis.report.report import build_report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_report import _fake_kfold_study, _two_system_study  # noqa: E402
@@ -62,8 +62,8 @@ def test_summary_leaderboard_and_paired_test_match_the_counts(tmp_path: Path):
     assert '<a href="data/scores.csv" download>All scores (tidy)' in html
     assert (res.out_dir / "data" / "scores.csv").is_file()
     # the console leaderboard of `msb run` shows the same table
-    from msb.analysis.counts_io import read_counts
-    from msb.analysis.leaderboard import study_leaderboards
+    from msb.analysis.counts.counts_io import read_counts
+    from msb.analysis.report.leaderboard import study_leaderboards
 
     (board,) = study_leaderboards(read_counts(sorted(res.out_dir.parent.glob("runs/pair/*/evaluation/best/"
                                                                                 "counts.parquet"))), n_boot=300)
@@ -89,8 +89,8 @@ def test_identical_systems_are_named_once_and_not_tested(tmp_path: Path):
 
 
 def test_demsar_critical_difference_and_cd_diagram(tmp_path: Path, monkeypatch):
-    from msb.analysis.figures import figure_data
-    from msb.analysis.figures_study import nemenyi_cd
+    from msb.analysis.report.figures import figure_data
+    from msb.analysis.report.figures_study import nemenyi_cd
 
     # Demšar (2006), Table 5(a): q_0.05 of the two-tailed Nemenyi test for k = 2..10
     q = {2: 1.960, 3: 2.343, 4: 2.569, 5: 2.728, 6: 2.850, 7: 2.949, 8: 3.031, 9: 3.102, 10: 3.164}
@@ -120,7 +120,7 @@ def test_demsar_critical_difference_and_cd_diagram(tmp_path: Path, monkeypatch):
 
 
 def test_training_curves_plot_train_log(tmp_path: Path, monkeypatch):
-    from msb.analysis.figures import figure_data
+    from msb.analysis.report.figures import figure_data
 
     a, b = _pair_counts()
     study = _two_system_study(tmp_path, a, b)

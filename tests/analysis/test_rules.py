@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis.aggregate import ALL_METRICS, ALL_RULES, aggregate, reaggregate
-from msb.analysis.rules import (EXTENDED_RULES, aggregate_rules, foldwise_summary, image_table, lower_is_better,
+from msb.analysis.counts.aggregate import ALL_METRICS, ALL_RULES, aggregate, reaggregate
+from msb.analysis.counts.rules import (EXTENDED_RULES, aggregate_rules, foldwise_summary, image_table, lower_is_better,
                                 parse_rules, rule_values, unit_scores)
 from msb.errors import MSBError
 

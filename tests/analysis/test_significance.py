@@ -9,7 +9,7 @@ import scikit_posthocs as sp
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from msb.analysis.significance import (FRIEDMAN, WILCOXON, bh_adjust, friedman_test, paired_wilcoxon,
+from msb.analysis.stats.significance import (FRIEDMAN, WILCOXON, bh_adjust, friedman_test, paired_wilcoxon,
                                        pairwise_wilcoxon, rank_biserial)
 from msb.errors import MSBError
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from msb.analysis.systems import align_tables, find_systems
+from msb.analysis.counts.systems import align_tables, find_systems
 from msb.evaluation.counts import counts_rows
 
 
@@ -82,7 +82,7 @@ def test_two_input_sizes_of_one_study_get_two_labels():
 
 
 def test_variant_slug_matches_the_unit_names():
-    from msb.analysis.systems import variant_slug
+    from msb.analysis.counts.systems import variant_slug
     from msb.config.generate import axes_slug
 
     axes = {"data.input_size": [128, 128], "random_seed": 1}

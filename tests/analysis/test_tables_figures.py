@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from msb.analysis.figures import OVERLAY_COLORS, overlay_grid, overlay_rgb, save_figure, score_distributions
-from msb.analysis.tables import ci_table, frame_to_markdown, scores_ci_table, to_html, to_latex, to_markdown
+from msb.analysis.report.figures import OVERLAY_COLORS, overlay_grid, overlay_rgb, save_figure, score_distributions
+from msb.analysis.report.tables import ci_table, frame_to_markdown, scores_ci_table, to_html, to_latex, to_markdown
 
 
 def tidy() -> pd.DataFrame:

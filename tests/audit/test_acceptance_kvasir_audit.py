@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from msb.cli import app
+from msb.cli.app import app
 from msb.data.converters import prepare_dataset
 from msb.data.schema import load_prepared_dataset
 from msb.data.splits import resolve_splits, write_split_file

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from msb.cli import app
+from msb.cli.app import app
 from msb.errors import MSBError
 
 

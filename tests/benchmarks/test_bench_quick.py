@@ -73,7 +73,8 @@ def test_bench_train_quick(tmp_path: Path) -> None:
 
 
 def test_reaggregate_path_does_not_import_torch() -> None:
-    code = ("import sys; import msb.cli; from msb.analysis import aggregate, counts_io, bootstrap, rules; "
+    code = ("import sys; import msb.cli; from msb.analysis.counts import aggregate, counts_io, rules; "
+            "from msb.analysis.stats import bootstrap; "
             "import msb.audit.search; print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=120)

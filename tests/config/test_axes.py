@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from msb.analysis.counts_io import read_counts
+from msb.analysis.counts.counts_io import read_counts
 from msb.config.generate import generate_runs, run_config_to_yaml
 from msb.errors import MSBError
 from msb.evaluation.counts import COUNTS_COLUMNS, PROTOCOL_DEFAULTS, compute_confusion_counts, counts_rows

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from msb.analysis.contract import RunInfo, _test_selection_item
+from msb.analysis.report.contract import RunInfo, _test_selection_item
 from msb.config.generate import generate_runs
 from msb.errors import MSBError
 

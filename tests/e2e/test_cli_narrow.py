@@ -20,8 +20,8 @@ from test_aggregate import make_counts  # noqa: E402
 def test_scores_table_never_breaks_a_word(monkeypatch, width: int):
     import pandas as pd
 
-    import msb.cli_format as fmt
-    from msb.analysis.aggregate import reaggregate, scores_wide
+    import msb.cli.format as fmt
+    from msb.analysis.counts.aggregate import reaggregate, scores_wide
 
     counts = pd.concat([make_counts(), make_counts(run_id="r2", model="segformer_b0_long_name")], ignore_index=True)
     table = reaggregate(counts)

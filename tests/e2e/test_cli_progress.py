@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from msb.cli_progress import format_line, progress_lines
+from msb.cli.progress import format_line, progress_lines
 
 
 def test_one_line_per_ten_percent_with_rate_and_eta():

@@ -2,7 +2,7 @@
 then ``msb reaggregate STUDY --analyses semi_supervised``. The tables' shape follows the study's axes (methods x
 labelled fractions x seeds), the methods of one fraction and seed share one labelled subset, one score is
 recomputed from counts.parquet with pandas, and one paired difference and its CI with a plain NumPy bootstrap loop
-(same seed; blocks of 250 replicates as msb.analysis.bootstrap draws them)."""
+(same seed; blocks of 250 replicates as msb.analysis.stats.bootstrap draws them)."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ STUDIES = (("polyp_p1_ci", "p1,lesion,wilcoxon,checklist"), ("polyp_p2_ci", "p2,
 #: seconds each study took.
 DRIVER = """
 import json, sys, time
-from msb.cli import app
+from msb.cli.app import app
 times = {}
 for study, analyses in json.loads(sys.argv[1]):
     t0 = time.perf_counter()

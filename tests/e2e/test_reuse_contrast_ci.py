@@ -109,7 +109,7 @@ def test_pools_splits_and_steps(study):
 
 
 def test_contrasts_cli_recomputed(study):
-    from msb.cli import app
+    from msb.cli.app import app
 
     root, folder, _, _ = study
     res = CliRunner().invoke(app, ["contrasts", str(STUDY), "--run-root", str(root / "runs")])

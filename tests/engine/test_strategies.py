@@ -237,7 +237,7 @@ def test_mean_teacher_evaluation_records_and_averages(tmp_path: Path, synth_root
     student's and the teacher's sigmoid maps), recomputed here from the checkpoint with plain torch; the rule is
     in prediction_semantics.json and in the counts' test_time_rule; the teacher alone gives another column
     value, and pooling the two is refused."""
-    from msb.analysis.aggregate import reaggregate
+    from msb.analysis.counts.aggregate import reaggregate
     from msb.data.cache import build_cache
     from msb.data.schema import mask_to_onehot, read_mask
     ds = load_prepared_dataset(synth_root)

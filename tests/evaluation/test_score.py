@@ -286,8 +286,8 @@ def test_scored_folder_of_a_trained_run_gives_identical_counts(tmp_path: Path):
     assert len(ours) == len(theirs) > 0
     pd.testing.assert_frame_equal(ours.sort_values(key)[key + cols].reset_index(drop=True),
                                   theirs.sort_values(key)[key + cols].reset_index(drop=True))
-    from msb.analysis.aggregate import reaggregate
-    from msb.analysis.counts_io import read_counts_with_report
+    from msb.analysis.counts.aggregate import reaggregate
+    from msb.analysis.counts.counts_io import read_counts_with_report
 
     df, _ = read_counts_with_report([tmp_path / "scored"])  # digests verified, as msb reaggregate reads them
     t = reaggregate(df)

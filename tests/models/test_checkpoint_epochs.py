@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from msb.analysis.contract import contract_table, read_run
+from msb.analysis.report.contract import contract_table, read_run
 from msb.errors import MSBError
 from msb.models.checkpoint import load_state, read_records, save_checkpoint, save_state
 

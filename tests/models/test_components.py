@@ -18,8 +18,8 @@ from msb.engine.losses import structure_loss
 from msb.engine.multiscale import scaled_batches, scaled_size
 from msb.errors import MSBError
 from msb.evaluation.postprocess import minmax_normalise
-from msb.models.graph import Grapher, MRConv, knn_indices, relative_position_bias, sincos_2d_pos_embed
-from msb.models.sanet import colour_exchange, probability_correction
+from msb.models.zoo.graph import Grapher, MRConv, knn_indices, relative_position_bias, sincos_2d_pos_embed
+from msb.models.zoo.sanet import colour_exchange, probability_correction
 
 
 # --- ViG graph -------------------------------------------------------------------------------------------

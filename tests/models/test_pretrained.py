@@ -98,8 +98,8 @@ def test_timm_backbone_from_local_cache_drops_classifier(hub: Path):
 def test_weights_list_shows_files_and_cached_digest(hub: Path, monkeypatch):
     import hashlib
 
-    from msb.cli import app
-    from msb.cli_common import console
+    from msb.cli.app import app
+    from msb.cli.common import console
 
     monkeypatch.setattr(console, "width", 400)  # one table row per line
 

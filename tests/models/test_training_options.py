@@ -19,8 +19,8 @@ from msb.data.cache import build_cache
 from msb.data.schema import load_prepared_dataset
 from msb.data.synth import make_synthetic_dataset
 from msb.data.torch_dataset import SegmentationDataset
-from msb.analysis.aggregate import reaggregate
-from msb.analysis.counts_io import read_counts
+from msb.analysis.counts.aggregate import reaggregate
+from msb.analysis.counts.counts_io import read_counts
 from msb.engine.runner import evaluate_run, train_run
 from msb.engine.trainer import Trainer, build_optimizer, build_scheduler
 from msb.errors import MSBError

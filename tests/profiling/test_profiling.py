@@ -419,7 +419,7 @@ def test_cli_multi_value_options(tmp_path: Path):
     """``--input-size 32 64`` (values after one flag) and ``--precision fp32 amp`` as in the issue (in-process)."""
     from typer.testing import CliRunner
 
-    from msb.cli import app
+    from msb.cli.app import app
 
     r = CliRunner().invoke(app, ["profile", "--arch", "unet", "--input-size", "32", "64", "--precision", "fp32",
                                  "amp", "--warmup", "0", "--timed-passes", "1", "--repeats", "1",
@@ -439,7 +439,7 @@ def test_cli_arch_takes_the_architecture_config_names(tmp_path: Path):
     import segmentation_models_pytorch as smp
     from typer.testing import CliRunner
 
-    from msb.cli import app
+    from msb.cli.app import app
 
     configs = Path(__file__).resolve().parents[2] / "configs"
     r = CliRunner().invoke(app, ["profile", "--arch", "unet_r18", "--arch", "unet", "--input-size", "32",

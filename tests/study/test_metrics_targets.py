@@ -63,7 +63,7 @@ def _metrics_in_process(target: Path) -> str:
     """``msb metrics TARGET`` through the typer app in this process (no interpreter start-up); its output."""
     from typer.testing import CliRunner
 
-    from msb.cli import app
+    from msb.cli.app import app
 
     r = CliRunner().invoke(app, ["metrics", str(target)])
     assert r.exit_code == 0, (r.output, r.exception)

@@ -187,7 +187,7 @@ def test_user_errors_write_nothing(study: Path, tmp_path: Path):
 def test_cli_images_after_one_flag(study: Path, tmp_path: Path):
     from typer.testing import CliRunner
 
-    from msb.cli import app
+    from msb.cli.app import app
 
     r = CliRunner().invoke(app, ["explain", str(study / "base-fold0"), "--images", "synth_0000", "synth_0001",
                                  "--device", "cpu", "--out", str(tmp_path)])

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from msb.analysis.aggregate import score_from_counts
-from msb.analysis.contract import ChecklistItem
+from msb.analysis.counts.aggregate import score_from_counts
+from msb.analysis.report.contract import ChecklistItem
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows
 from msb.analysis.protocol.inputs import protocol_family
 from msb.analysis.protocol.polyp import test_set_tables

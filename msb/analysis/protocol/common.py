@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from msb.analysis.rules import ImageTable, image_table, unit_scores
+from msb.analysis.counts.rules import ImageTable, image_table, unit_scores
 
 __all__ = ["PaperTable", "AnalysisOutput", "AnalysisSkipped", "evaluation_rows", "system_tables", "image_mean", "per_image", "nanmean",
            "fmt_num", "fmt_pm", "flat_columns", "SYSTEM_KEY"]
@@ -77,7 +77,7 @@ def evaluation_rows(counts: pd.DataFrame, kind: str | None = None, ensembles: bo
 
 
 def system_tables(df: pd.DataFrame, key: Sequence[str] = ("architecture",)) -> dict[tuple, ImageTable]:
-    """One :class:`~msb.analysis.rules.ImageTable` per system (rows grouped by ``key``; the folds and seeds of a
+    """One :class:`~msb.analysis.counts.rules.ImageTable` per system (rows grouped by ``key``; the folds and seeds of a
     system are distinct image rows, i.e. pooled)."""
     out = {}
     for k, g in df.groupby(list(key), sort=True):

@@ -102,7 +102,7 @@ def architecture_names(runs: dict) -> dict[str, str]:
     :func:`~msb.analysis.protocol.inputs.architecture_label`), for labels that stand for one architecture only.
 
     Args:
-        runs: run id -> :class:`~msb.analysis.contract.RunInfo` (its ``config`` dict)."""
+        runs: run id -> :class:`~msb.analysis.report.contract.RunInfo` (its ``config`` dict)."""
     found: dict[str, set[str]] = {}
     for rid, info in runs.items():
         model = (info.config or {}).get("model") or {}

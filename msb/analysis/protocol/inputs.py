@@ -29,8 +29,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import yaml
 
-from msb.analysis.contract import RunInfo, find_counts_files, find_run_dirs, read_run
-from msb.analysis.counts_io import read_counts
+from msb.analysis.report.contract import RunInfo, find_counts_files, find_run_dirs, read_run
+from msb.analysis.counts.counts_io import read_counts
 from msb.errors import MSBError
 from msb.evaluation.counts import PROTOCOL_DEFAULTS
 from msb.utils.evaluation_folder import check_listed_digest

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from msb.analysis.figures import _figure, color
+from msb.analysis.report.figures import _figure, color
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num
 from msb.analysis.protocol.inputs import check_one_protocol
 from msb.evaluation.lesion import match_lesions_many

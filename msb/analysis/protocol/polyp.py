@@ -28,7 +28,7 @@ import pandas as pd
 from msb.analysis.protocol.common import (AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num,
                                           fmt_pm, image_mean, nanmean, per_image, system_tables)
 from msb.analysis.protocol.inputs import check_one_protocol, protocol_family, split_seed
-from msb.analysis.rules import ImageTable
+from msb.analysis.counts.rules import ImageTable
 
 __all__ = ["test_set_tables", "split_by_source", "nsd_column", "p1_table", "p2_seeds", "p2_table", "p3_tables"]
 

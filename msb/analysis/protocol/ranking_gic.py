@@ -1,7 +1,7 @@
 """(a) Ranking sensitivity to pairwise re-aggregation, the MSB paper's Table 2 (MedSegBenchmarker, §4.2-4.3).
 
 Per dataset x input size, the architectures are ranked by foreground Dice under three rules and each pair of
-rankings is compared: Spearman's ρ (:func:`scipy.stats.spearmanr` via :func:`msb.analysis.ranking.
+rankings is compared: Spearman's ρ (:func:`scipy.stats.spearmanr` via :func:`msb.analysis.stats.ranking.
 ranking_sensitivity`), ``nΔ/N`` (architectures whose rank differs / architectures ranked) and ``W`` (the leading
 architecture changed, Yes/No). Ranks: 1 = highest Dice, ties share the smallest rank.
 
@@ -25,8 +25,8 @@ import pandas as pd
 
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, system_tables
 from msb.analysis.protocol.inputs import check_one_protocol
-from msb.analysis.ranking import ranking_sensitivity
-from msb.analysis.rules import rule_values
+from msb.analysis.stats.ranking import ranking_sensitivity
+from msb.analysis.counts.rules import rule_values
 
 __all__ = ["PAIRS", "ranking_sensitivity_gic", "ranking_sensitivity_table"]
 

@@ -5,7 +5,7 @@ Units are matched by dataset, architecture, fold and test image: the internal te
 the two input sizes are paired on ``(fold, image_id)``; units present at one size only are dropped and counted.
 The interval is the 95 % percentile interval of ``n_boot`` (default 1,000) paired, fold-stratified bootstrap
 replicates: each replicate draws, within every fold, as many units as the fold has, with replacement
-(:func:`msb.analysis.bootstrap.resample_weights`, ``numpy.random.default_rng(seed)``), scores both sizes on the
+(:func:`msb.analysis.stats.bootstrap.resample_weights`, ``numpy.random.default_rng(seed)``), scores both sizes on the
 same draw, and the interval is taken on the replicate differences (Efron & Tibshirani 1993, percentile
 interval; Davison & Hinkley 1997, §3.8 stratified resampling). The seed and the replicate count are printed with
 every interval.
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from msb.analysis.bootstrap import bootstrap_rule, percentile_interval
-from msb.analysis.figures import _figure, color
+from msb.analysis.stats.bootstrap import bootstrap_rule, percentile_interval
+from msb.analysis.report.figures import _figure, color
 from msb.analysis.protocol.common import (AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num,
                                           system_tables)
 from msb.analysis.protocol.inputs import check_one_protocol

@@ -18,7 +18,7 @@ Scores of one run (fractions in [0, 1]; distances in the dataset's spacing unit,
 
 * ``dice_gm``, ``iou_gm``: global-micro (TP, FP, FN summed over images and classes, one ratio);
   ``dice_im``, ``iou_im``: image-macro (per image, then the mean; undefined images excluded)
-  (:func:`msb.analysis.rules.rule_values`);
+  (:func:`msb.analysis.counts.rules.rule_values`);
 * ``hd95``: image-macro mean of ``metrics.parquet`` ``hd95`` under its named ``hd_convention`` (one-sided empty
   pairs at the image-diagonal penalty, two empty masks excluded: docs/metrics.md);
 * ``card_dice``, ``card_iou``, ``card_hd95``: the published card's per-image values as written
@@ -29,7 +29,7 @@ Scores of one run (fractions in [0, 1]; distances in the dataset's spacing unit,
 Paired differences: each method's run minus the supervised-only run of the same block (dataset, split, input
 size), labelled fraction and seed, on their common test images; ``Δ < 0`` is better for HD95. The interval is
 the percentile interval of ``n_boot`` (default 1,000) image-level paired bootstrap replicates
-(:func:`msb.analysis.bootstrap.bootstrap_rule`: every replicate draws the images once with replacement,
+(:func:`msb.analysis.stats.bootstrap.bootstrap_rule`: every replicate draws the images once with replacement,
 ``numpy.random.default_rng(seed)``, scores both runs on that draw; Efron & Tibshirani 1993, ch. 13). Every
 metric uses the same seed, hence the same resamples.
 """
@@ -43,13 +43,13 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from msb.analysis.bootstrap import bootstrap_rule, percentile_interval
-from msb.analysis.figures import _figure, _record_errorbar, color
+from msb.analysis.stats.bootstrap import bootstrap_rule, percentile_interval
+from msb.analysis.report.figures import _figure, _record_errorbar, color
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num
 from msb.analysis.protocol.inputs import check_one_protocol
-from msb.analysis.rules import ImageTable, image_table, rule_values
-from msb.analysis.summary import distance_unit
-from msb.analysis.systems import align_tables
+from msb.analysis.counts.rules import ImageTable, image_table, rule_values
+from msb.analysis.report.summary import distance_unit
+from msb.analysis.counts.systems import align_tables
 from msb.errors import MSBError
 
 __all__ = ["BASELINE", "METHOD_NAMES", "SCORES", "PAIRED", "run_settings", "semi_supervised_rows",
@@ -122,7 +122,7 @@ def semi_supervised_rows(counts: pd.DataFrame, runs: Mapping | None = None) -> p
 
     Args:
         counts: study counts rows (:class:`~msb.analysis.protocol.inputs.StudyArtifacts` ``counts``).
-        runs: run id -> :class:`~msb.analysis.contract.RunInfo` (``config``, ``run_dir``), or None.
+        runs: run id -> :class:`~msb.analysis.report.contract.RunInfo` (``config``, ``run_dir``), or None.
 
     Raises:
         AnalysisSkipped: no run declares a labelled subset or a training strategy.

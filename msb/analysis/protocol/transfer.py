@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from msb.analysis.figures import _figure, color
+from msb.analysis.report.figures import _figure, color
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, evaluation_rows, fmt_num, fmt_pm
 from msb.analysis.protocol.inputs import check_one_protocol
-from msb.analysis.rules import image_table, rule_values
+from msb.analysis.counts.rules import image_table, rule_values
 
 __all__ = ["external_transfer", "external_transfer_table", "external_transfer_figure"]
 

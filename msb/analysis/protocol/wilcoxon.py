@@ -1,8 +1,8 @@
 """(e) Paired tests between models per test set, as the polyp audit reports them ("Metrics or Mirage?", §6.2 and
 "Single-seed training and statistical power"): two-sided Wilcoxon signed-rank tests on per-image scores
-(:func:`msb.analysis.significance.paired_wilcoxon`), Benjamini-Hochberg FDR over all model pairs x metrics of one
-test set (:func:`msb.analysis.significance.bh_adjust`), the matched-pairs rank-biserial correlation (Kerby 2014)
-and a percentile bootstrap CI of the mean per-image difference (:func:`msb.analysis.bootstrap.bootstrap_mean`;
+(:func:`msb.analysis.stats.significance.paired_wilcoxon`), Benjamini-Hochberg FDR over all model pairs x metrics of one
+test set (:func:`msb.analysis.stats.significance.bh_adjust`), the matched-pairs rank-biserial correlation (Kerby 2014)
+and a percentile bootstrap CI of the mean per-image difference (:func:`msb.analysis.stats.bootstrap.bootstrap_mean`;
 unit = image, stratified by fold when the rows hold several folds; the seed and replicate count are printed).
 
 One paired unit per image: where a model has several fold rows of one image (every fold model predicts the
@@ -19,11 +19,11 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from msb.analysis.bootstrap import bootstrap_mean
+from msb.analysis.stats.bootstrap import bootstrap_mean
 from msb.analysis.protocol.common import AnalysisOutput, AnalysisSkipped, PaperTable, fmt_num, per_image
 from msb.analysis.protocol.polyp import test_set_tables
-from msb.analysis.rules import ImageTable
-from msb.analysis.significance import WILCOXON, bh_adjust, paired_wilcoxon
+from msb.analysis.counts.rules import ImageTable
+from msb.analysis.stats.significance import WILCOXON, bh_adjust, paired_wilcoxon
 
 __all__ = ["pairwise_tests", "wilcoxon_table"]
 

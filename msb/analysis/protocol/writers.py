@@ -5,8 +5,8 @@ file atomically (:mod:`msb.utils.atomic`).
 * LaTeX: ``display`` through pandas ``Styler.to_latex`` (booktabs rules, a two-level header as ``\\multicolumn``,
   text LaTeX-escaped, caption and ``tab:<name>`` label); needs ``\\usepackage{booktabs}``.
 * Markdown: the caption in italics, then ``display`` as a pipe table
-  (:func:`msb.analysis.tables.frame_to_markdown`, cells verbatim).
-* Figures: :func:`msb.analysis.figures.save_figure` (PNG at the figure's 150 dpi, SVG; no date metadata).
+  (:func:`msb.analysis.report.tables.frame_to_markdown`, cells verbatim).
+* Figures: :func:`msb.analysis.report.figures.save_figure` (PNG at the figure's 150 dpi, SVG; no date metadata).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from msb.analysis.figures import save_figure
+from msb.analysis.report.figures import save_figure
 from msb.analysis.protocol.common import PaperTable, flat_columns
-from msb.analysis.tables import frame_to_markdown
+from msb.analysis.report.tables import frame_to_markdown
 from msb.utils.atomic import atomic_write_text
 
 __all__ = ["table_csv", "table_latex", "table_markdown", "write_table", "write_figure", "write_frame",

@@ -3,22 +3,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from torch.utils.data import Dataset
 
-from msb.engine.strategies.base import Strategy, SupervisedStrategy
+from msb.engine.strategies.base import Strategy, SupervisedStrategy, TrainerView
 from msb.engine.strategies.cps import CrossPseudoSupervision
 from msb.engine.strategies.mean_teacher import MeanTeacher
 from msb.engine.strategies.semi import SupervisedIterations
 
-if TYPE_CHECKING:
-    from msb.engine.trainer import Trainer
-
 __all__ = ["Strategy", "build_strategy"]
 
 
-def build_strategy(trainer: "Trainer", unlabelled: Dataset | None = None) -> Strategy:
+def build_strategy(trainer: TrainerView, unlabelled: Dataset | None = None) -> Strategy:
     """The strategy of ``trainer.cfg.train.strategy.name``; ``unlabelled``: the images-only dataset of the
     unlabelled pool (needed by ``mean_teacher`` and ``cps``, see :class:`~msb.engine.strategies.semi.SemiSupervised`
     for the errors raised)."""

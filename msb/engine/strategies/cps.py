@@ -14,7 +14,7 @@ gradient flows through a pseudo-label. Only unlabelled images get the CPS term h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +23,10 @@ from torch.utils.data import Dataset
 
 from msb.engine.losses import multi_output_loss
 from msb.engine.optim import build_optimizer, build_scheduler
+from msb.engine.strategies.base import TrainerView
 from msb.engine.strategies.semi import SemiSupervised
 from msb.models.registry import build_model
 from msb.models.two_prediction import select_networks
-
-if TYPE_CHECKING:
-    from msb.engine.trainer import Trainer
 
 __all__ = ["CrossPseudoSupervision", "pseudo_labels"]
 
@@ -45,7 +43,7 @@ class CrossPseudoSupervision(SemiSupervised):
 
     name = "cps"
 
-    def __init__(self, trainer: "Trainer", unlabelled: Dataset | None) -> None:
+    def __init__(self, trainer: TrainerView, unlabelled: Dataset | None) -> None:
         super().__init__(trainer, unlabelled)
         cfg = trainer.cfg
         with torch.random.fork_rng(devices=[]):  # the global RNG stream is left as it was

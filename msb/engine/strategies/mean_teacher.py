@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,11 +25,9 @@ from torch.utils.data import Dataset
 
 from msb.config.strategy_schema import StrategyConfig
 from msb.engine.losses import multi_output_loss
+from msb.engine.strategies.base import TrainerView
 from msb.engine.strategies.semi import SemiSupervised
 from msb.models.two_prediction import select_networks
-
-if TYPE_CHECKING:
-    from msb.engine.trainer import Trainer
 
 __all__ = ["MeanTeacher", "ema_update", "rampup_weight", "strong_view"]
 
@@ -76,7 +74,7 @@ class MeanTeacher(SemiSupervised):
 
     name = "mean_teacher"
 
-    def __init__(self, trainer: "Trainer", unlabelled: Dataset | None) -> None:
+    def __init__(self, trainer: TrainerView, unlabelled: Dataset | None) -> None:
         super().__init__(trainer, unlabelled)
         self.teacher = copy.deepcopy(trainer.model).to(trainer.device)
         for p in self.teacher.parameters():

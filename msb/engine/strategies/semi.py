@@ -17,7 +17,7 @@ view come from a generator seeded with ``seed + 1``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,11 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from msb.engine.losses import multi_output_loss
 from msb.engine.sampling import sample_seed
-from msb.engine.strategies.base import Strategy
+from msb.engine.strategies.base import Strategy, TrainerView
 from msb.errors import MSBError
-
-if TYPE_CHECKING:
-    from msb.engine.trainer import Trainer
 
 __all__ = ["SemiSupervised", "SupervisedIterations", "epoch_draws"]
 
@@ -69,7 +66,7 @@ class SemiSupervised(Strategy):
     #: False: labelled batches only (``supervised`` with ``iterations_per_epoch``, :class:`SupervisedIterations`)
     needs_unlabelled = True
 
-    def __init__(self, trainer: "Trainer", unlabelled: Dataset | None) -> None:
+    def __init__(self, trainer: TrainerView, unlabelled: Dataset | None) -> None:
         super().__init__(trainer)
         cfg = trainer.cfg
         self.s = cfg.train.strategy

@@ -92,8 +92,8 @@ def test_missing_inputs_are_skipped_with_a_reason(small_study, tmp_path):
 
 
 def test_report_section_and_reaggregate_analyses(small_study, tmp_path):
-    from msb.analysis.report import build_report
-    from msb.cli import app
+    from msb.analysis.report.report import build_report
+    from msb.cli.app import app
 
     res = build_report(small_study, tmp_path / "rep", n_boot=0, protocol={"analyses": ["ranking_sensitivity", "p1"]})
     html = res.html.read_text(encoding="utf-8")

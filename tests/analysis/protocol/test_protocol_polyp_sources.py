@@ -12,8 +12,8 @@ import pytest
 from msb.analysis.protocol.inputs import annotate_counts, check_one_protocol, training_policies
 from msb.analysis.protocol import polyp
 from msb.analysis.protocol.wilcoxon import pairwise_tests
-from msb.analysis.report_data import analyse_blocks, no_pairs_reason
-from msb.analysis.systems import comparison_blocks, find_systems
+from msb.analysis.report.report_data import analyse_blocks, no_pairs_reason
+from msb.analysis.counts.systems import comparison_blocks, find_systems
 from msb.errors import MSBError
 from msb.evaluation.counts import counts_rows
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _semi_study as ss  # noqa: E402
 from _protocol_study import build_study  # noqa: E402
 
-from msb.analysis.figures import figure_data  # noqa: E402
+from msb.analysis.report.figures import figure_data  # noqa: E402
 from msb.analysis.protocol import AnalysisSkipped, load_study, run_analyses, write_protocol_analyses  # noqa: E402
 from msb.analysis.protocol.semi_supervised import (paired_vs_supervised, run_settings,  # noqa: E402
                                                    semi_supervised_scores)
@@ -67,7 +67,7 @@ def test_scores_by_hand_medpy_and_card_formula(study):
 
 def test_paired_difference_numpy_bootstrap(study):
     """Δ global-micro Dice (CPS − supervised-only at 10 %, seed 0) and its CI from counts.parquet with a NumPy loop
-    (default_rng(3), blocks of 250 replicates of 8 image draws, as msb.analysis.bootstrap draws them)."""
+    (default_rng(3), blocks of 250 replicates of 8 image draws, as msb.analysis.stats.bootstrap draws them)."""
     def counts(m):
         c = pd.read_parquet(study / ss.run_id(m, 0.1, 0) / "evaluation" / "best" / "counts.parquet")
         return c.sort_values("image_id")[["tp", "fp", "fn"]].to_numpy(dtype=float)
@@ -153,7 +153,7 @@ def test_run_settings_from_config_or_variant():
 
 def test_report_section(tmp_path):
     """`msb report` shows the analysis in its protocol section (tables with ids, the figure, data files)."""
-    from msb.analysis.report import build_report
+    from msb.analysis.report.report import build_report
 
     s = ss.build_semi_study(tmp_path, methods=("supervised", "cps"), fractions=(0.1,), seeds=(0, 1), metrics=False)
     res = build_report(s, tmp_path / "rep", n_boot=0, protocol={"analyses": ["semi_supervised"], "n_boot": 250})

@@ -1,0 +1,56 @@
+"""Finding ``counts.parquet`` files (pandas-free, shared by :mod:`msb.analysis.counts.counts_io` and the columnar
+``msb reaggregate`` path :mod:`msb.analysis.counts.reaggregate_fast`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from msb.errors import MSBError
+
+__all__ = ["COUNTS_FILENAME", "OPTIONAL_COLUMNS", "find_counts_files"]
+
+#: File name searched for when a folder is given.
+COUNTS_FILENAME = "counts.parquet"
+
+
+def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> list[Path]:
+    """Expand files and folders into a list of count files.
+
+    Args:
+        paths: one path or a list; a file is taken as is, a folder contributes every
+            ``counts.parquet`` below it (recursively, sorted), except those inside hidden folders
+            (``.<name>...``: staging folders of interrupted writes, caches).
+
+    Returns:
+        List of file paths in argument order.
+
+    Raises:
+        MSBError: a path does not exist; a folder holds no ``counts.parquet``; no paths given.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise MSBError("no count files given; pass one or more counts.parquet files or run folders")
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.rglob(COUNTS_FILENAME))
+            found = [f for f in found if f.is_file()
+                     and not any(part.startswith(".") for part in f.relative_to(p).parts[:-1])]
+            if not found:
+                raise MSBError(f"{p}: folder contains no {COUNTS_FILENAME} (searched recursively); "
+                               f"run the evaluator first or pass the right folder")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise MSBError(f"{p}: counts file not found; pass an existing {COUNTS_FILENAME} "
+                           f"file or a folder containing one")
+    return files
+
+
+#: Columns that :func:`msb.analysis.counts.counts_io.read_counts_with_report` may leave unread when asked for fewer columns: they take no
+#: part in the row checks or the duplicate keys (the two SHA-256 columns alone are 128 bytes a row).
+OPTIONAL_COLUMNS: tuple[str, ...] = ("checkpoint_sha256", "config_hash", "class_name", "source", "model")

@@ -1,0 +1,75 @@
+"""``msb contrasts STUDY``: the training-pool contrast table and the population ranks of a pool-contrast study
+(:mod:`msb.analysis.stats.contrasts`, docs/analysis.md "Training-pool contrasts")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from msb.cli.common import log
+from msb.errors import MSBError
+
+app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
+
+
+def _settings(study: Path, run_root: Optional[str]) -> tuple[Path, dict]:
+    """The study folder and the ``contrasts`` section of a study file (or ``{}`` for a folder)."""
+    if study.is_dir():
+        return study, {}
+    if not study.is_file():
+        raise MSBError(f"{study}: neither a study file nor a study folder; give configs/studies/<name>.yaml or "
+                       f"runs/<study>")
+    from msb.config.generate import generate_runs, load_study
+
+    spec, _ = load_study(study)
+    cfg = generate_runs(study)[0].config
+    folder = Path(run_root or cfg.run_root) / cfg.study
+    return folder, (spec.contrasts.model_dump() if spec.contrasts is not None else {})
+
+
+@app.command("contrasts")
+def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (and 'contrasts'), or its folder "
+                                           "runs/<study>."),
+              run_root: Optional[str] = typer.Option(None, help="Override run_root of a study file."),
+              pair: Optional[List[str]] = typer.Option(None, help="POOL_A:POOL_B, repeatable (default: the "
+                                                       "study's contrasts.pairs)."),
+              population: Optional[List[str]] = typer.Option(None, help="NAME=SPEC (all | source:A,B | ids:FILE | "
+                                                             "flag:FILE[:COLUMN]), repeatable."),
+              metric: Optional[str] = typer.Option(None, help="Metric (default dice)."),
+              rule: Optional[str] = typer.Option(None, help="Aggregation rule (default image-macro)."),
+              checkpoint: Optional[str] = typer.Option(None, help="Checkpoint role evaluated (default best)."),
+              n_boot: Optional[int] = typer.Option(None, min=1, help="Bootstrap replicates (default 2000)."),
+              out: Optional[Path] = typer.Option(None, help="Output folder (default <study folder>/contrasts)."),
+              ) -> None:
+    """Mean paired differences between training pools over seeds, per evaluation population, with paired-t and
+    bootstrap intervals; pools ranked per population with Spearman's rho."""
+    from msb.analysis.stats.contrasts import (contrast_table, load_pool_counts, markdown_table, pool_runs,
+                                        population_ranks, write_contrasts, INTERVAL_NOTE)
+
+    folder, spec = _settings(study, run_root)
+    pairs = [tuple(p.split(":", 1)) for p in pair] if pair else [tuple(p) for p in spec.get("pairs", [])]
+    if any(len(p) != 2 for p in pairs):
+        raise MSBError(f"--pair {pair}: expected POOL_A:POOL_B")
+    if not pairs:
+        raise MSBError(f"{study}: no pairs; give --pair POOL_A:POOL_B or contrasts.pairs in the study file")
+    pops = spec.get("populations") or {"all": "all"}
+    if population:
+        pops = {}
+        for item in population:
+            name, sep, text = item.partition("=")
+            if not sep or not name or not text:
+                raise MSBError(f"--population {item!r}: expected NAME=SPEC, e.g. other=source:colondb,bkai")
+            pops[name] = text
+    metric = metric or spec.get("metric", "dice")
+    rule = rule or spec.get("rule", "image-macro")
+    runs = pool_runs(folder, checkpoint or spec.get("checkpoint", "best"))
+    counts = load_pool_counts(runs)
+    table = contrast_table(counts, pairs, pops, metric, rule, n_boot or spec.get("n_boot", 2000),
+                           spec.get("level", 0.95), spec.get("boot_seed", 0))
+    ranks, rho = population_ranks(counts, pops, metric, rule)
+    paths = write_contrasts(table, ranks, rho, out or folder / "contrasts")
+    for text in (markdown_table(table), INTERVAL_NOTE, markdown_table(ranks), markdown_table(rho)):
+        typer.echo(text)  # plain text: Markdown tables must not be folded to the console width
+    log(f"{len(runs)} pool runs; written: {', '.join(str(p) for p in paths)}")

@@ -1,0 +1,90 @@
+"""``msb generate`` and ``msb run``: a study's hashed run configs, and the whole pipeline (generate -> train -> evaluate -> reaggregate -> declared analyses) ending with the leaderboard."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from msb.cli.common import console, log, track
+from msb.cli.format import FORMAT_HELP, print_leaderboards as _print_leaderboards, print_scores as _print_scores, resolve_format
+
+
+app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
+
+
+@app.command()
+def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/study.yaml)."),
+             run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config).")) -> None:
+    """Merge the config layers into one explicit, hashed run config per dataset x architecture."""
+    from msb.config.generate import generate_runs, write_run_config
+    from msb.engine.runner import study_dir
+
+    excluded: list = []  # an architecture that cannot run a size of the input-size axis (docs/protocols.md)
+    runs = generate_runs(study, excluded)
+    for e in excluded:
+        log(f"excluded {e['unit']}: {e['reason']}")
+    table = Table(title=f"runs of {study}")
+    for col in ("run_id", "dataset", "architecture", "config_hash", "folder"):
+        table.add_column(col)
+    for r in runs:
+        cfg = r.config if run_root is None else r.config.model_copy(update={"run_root": run_root})
+        folder = study_dir(cfg) / r.run_id
+        write_run_config(r, folder)
+        table.add_row(r.run_id, r.dataset, r.architecture, r.config_hash[:16], str(folder))
+    console.print(table)
+
+
+@app.command()
+def run(study: Path = typer.Argument(..., help="Study YAML."),
+        run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config)."),
+        worker: bool = typer.Option(False, "--worker", help="Join the study as one of several worker processes "
+                                    "(docs/studies.md); start as many as you like, on one or several machines."),
+        storage: Optional[str] = typer.Option(None, help="Optuna RDB storage URL shared by the workers, e.g. "
+                                              "postgresql://user:pass@host/db (default: SQLite in the study folder)."),
+        heartbeat_interval: int = typer.Option(30, help="Seconds between a trial's heartbeats (--worker recovery)."),
+        grace_period: int = typer.Option(120, help="Seconds without heartbeat before a trial counts as dead."),
+        wait: bool = typer.Option(False, "--wait", help="If another plain 'msb run' of this study is running, wait "
+                                  "for it to end instead of stopping."),
+        nproc_per_node: int = typer.Option(0, "--nproc-per-node", min=0, help="Train every run with DDP on this many "
+                                           "processes (GPUs) of this machine, launched through torchrun "
+                                           "(docs/training.md); train.batch_size is the global batch."),
+        format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+    """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
+    from msb.engine.distributed import init_from_env, relaunch_with_torchrun, serve, stop_followers
+
+    if nproc_per_node and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(relaunch_with_torchrun(nproc_per_node, sys.argv[1:]))
+    ctx = init_from_env()
+    if ctx is not None and not ctx.is_main:
+        from msb.engine.runner import follow_train
+
+        serve(ctx, follow_train)  # ranks > 0 train what rank 0 sends until it stops
+        return
+    from msb.analysis.counts.aggregate import reaggregate, write_scores
+    from msb.analysis.counts.counts_io import read_counts
+    from msb.study.pipeline import run_study
+
+    fmt = resolve_format(format)
+
+    outcomes = run_study(study, track=track, log=log, run_root=run_root, worker=worker, storage=storage,
+                         heartbeat_interval=heartbeat_interval, grace_period=grace_period, wait=wait)
+    if ctx is not None:  # after a failure rank 0 just exits: torchrun then stops the other ranks
+        stop_followers(ctx)
+    paths = [p for o in outcomes for p in o.counts_paths]
+    counts = read_counts(paths)
+    table = reaggregate(counts)
+    out_dir = outcomes[0].run_dir.parent
+    written = write_scores(table, out_dir)
+    _print_scores(table, fmt)
+    log(f"scores written to {', '.join(str(p) for p in written)}")
+    _print_leaderboards(counts, out_dir, fmt)
+    from msb.config.generate import load_study
+    from msb.study.analyses import run_declared_analyses
+
+    if not worker:  # the study file's `analyses:` (docs/protocols.md); workers leave them to a plain run
+        run_declared_analyses(load_study(study)[0], out_dir, log)
