@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from msb.cli import (audit, contrasts, data, evaluate, explain, metrics, models, profile, reaggregate, report, run, score,
+from msb.cli import (audit, checkpoints, contrasts, data, evaluate, explain, metrics, models, profile, reaggregate, report, run, score,
                      weights)
 from msb.cli.common import err_console, state as _state
 from msb.errors import MSBError
@@ -26,6 +26,7 @@ for _group in (run, evaluate, reaggregate, profile, report, explain, audit, metr
     app.add_typer(_group.app)  # unnamed: its commands become top-level commands
 app.add_typer(data.app, name="data")
 app.add_typer(weights.app, name="weights")
+app.add_typer(checkpoints.app, name="checkpoints")
 
 
 @app.callback()

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "set_full_determinism", "get_rng_state", "set_rng_state", "epoch_seed"]
+__all__ = ["seed_everything", "set_full_determinism", "get_rng_state", "set_rng_state", "numpy_state_plain",
+           "numpy_state_tuple", "epoch_seed"]
 
 
 def seed_everything(seed: int) -> None:
@@ -40,10 +41,13 @@ def set_full_determinism(enabled: bool) -> None:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """Capture the Python, NumPy, torch CPU and CUDA RNG states."""
+    """Capture the Python, NumPy, torch CPU and CUDA RNG states as plain data (a weights-only resume state,
+    :mod:`msb.models.safe_io`): Python's as its ``getstate()`` tuple of ints, NumPy's legacy MT19937 state as
+    :func:`numpy_state_plain` (its 624 uint32 words bit-cast to an int32 tensor: exact, same bytes), torch's as
+    uint8 tensors."""
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": numpy_state_plain(np.random.get_state()),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -51,10 +55,37 @@ def get_rng_state() -> dict[str, Any]:
     return state
 
 
+def numpy_state_plain(st: Any) -> dict[str, Any]:
+    """NumPy's legacy global RNG state (``np.random.get_state()``: ``(name, uint32[624] key, pos, has_gauss,
+    cached_gaussian)``, or a dict already in this form) as a dict of plain values: ``key`` an int32 tensor holding
+    the same 32-bit words. Exact: :func:`numpy_state_tuple` gives back the identical tuple.
+
+    Raises:
+        ValueError: a state of another shape.
+    """
+    if isinstance(st, dict):
+        return st
+    if not (isinstance(st, tuple) and len(st) == 5):
+        raise ValueError(f"unexpected NumPy RNG state: {type(st).__name__}")
+    name, key, pos, has_gauss, cached = st
+    key = np.ascontiguousarray(np.asarray(key, dtype=np.uint32))
+    return {"name": str(name), "key": torch.from_numpy(key.view(np.int32).copy()), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def numpy_state_tuple(st: Any) -> tuple:
+    """The ``np.random.set_state`` tuple of a state from :func:`numpy_state_plain` (or such a tuple itself)."""
+    if isinstance(st, tuple):
+        return st
+    key = st["key"].numpy() if isinstance(st["key"], torch.Tensor) else np.asarray(st["key"])
+    return (st["name"], key.astype(np.int32, copy=False).view(np.uint32), st["pos"], st["has_gauss"],
+            st["cached_gaussian"])
+
+
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore states captured by :func:`get_rng_state`."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore states captured by :func:`get_rng_state` (also an older resume state's NumPy tuple)."""
+    random.setstate(tuple(state["python"]) if isinstance(state["python"], list) else state["python"])
+    np.random.set_state(numpy_state_tuple(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

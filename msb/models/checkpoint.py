@@ -11,7 +11,8 @@ A digest is always computed from the bytes in memory, written before the file it
 never recomputed from a file on disk: ``state/train_state.sha256`` (resume state) and ``records.json``
 (checkpoints) are installed by renaming a ``*.pending`` file written before the guarded file, so the pair is
 consistent at every kill point (:func:`save_state`, :func:`save_checkpoint`), and every load verifies the bytes
-it unpickles. A disk-full or I/O error while writing is one line naming the file and the free space
+it unpickles. Both are weights-only files (:mod:`msb.models.safe_io`): written through :func:`~msb.models.safe_io.to_safe`
+and read with PyTorch's restricted unpickler, so loading a run folder never runs code from it. A disk-full or I/O error while writing is one line naming the file and the free space
 (:mod:`msb.utils.io_errors`); the previous file and digest are kept.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 from msb.errors import MSBError
+from msb.models.safe_io import safe_load, to_safe
 from msb.utils.atomic import atomic_write_bytes, atomic_write_text
 from msb.utils.epochs import EPOCH_BASE, normalise_records, upgrade_state
 from msb.utils.fault_points import fault_point
@@ -105,7 +107,7 @@ def save_checkpoint(run_dir: Path, role: str, payload: dict[str, Any], epoch: in
     # serialization id, so the SHA-256 identifies this file (integrity), not the weights: two trainings
     # with bitwise-equal weights still give different hashes.
     buf = io.BytesIO()
-    torch.save(payload, buf)
+    torch.save(to_safe(payload), buf)  # weights-only: loadable without the full unpickler
     data = buf.getvalue()
     digest = hashlib.sha256(data).hexdigest()
     rec = CheckpointRecord(role, epoch, selection_split, metric, float(value), digest, f"checkpoints/{role}.pt")
@@ -208,12 +210,13 @@ def reconcile_records(run_dir: Path) -> None:
 def load_checkpoint(run_dir: Path, role: str) -> tuple[dict[str, Any], CheckpointRecord]:
     """Load ``checkpoints/<role>.pt`` after verifying its SHA-256 against the record.
 
-    The file is read once; its bytes are hashed and the same bytes are unpickled, so what is loaded is what was
-    verified. A file that matches the record of a ``records.json.pending`` (a kill between installing the file
+    The file is read once; its bytes are hashed and the same bytes are unpickled with the restricted
+    (weights-only) unpickler, so what is loaded is what was verified and no code in the file runs. A file that matches the record of a ``records.json.pending`` (a kill between installing the file
     and its record) is accepted with that record.
 
     Raises:
-        MSBError: no record for ``role``, the file is missing, or its SHA-256 differs from the record.
+        MSBError: no record for ``role``, the file is missing, its SHA-256 differs from the record, or it cannot
+            be loaded without the full unpickler (names ``msb checkpoints upgrade RUN --trust-pickle``).
     """
     records = read_records(run_dir)
     if role not in records and role not in _pending_records(run_dir):
@@ -231,10 +234,9 @@ def load_checkpoint(run_dir: Path, role: str) -> tuple[dict[str, Any], Checkpoin
             raise MSBError(f"{path}: SHA-256 {digest[:12]}... differs from the record {rec.sha256[:12]}...; "
                            f"the file was changed after training, refusing to evaluate it")
         rec = pend
-    try:
-        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - the digest matched, so this is not a damaged file
-        raise MSBError(f"{path}: checkpoint cannot be loaded by this torch ({type(exc).__name__}: {exc})") from exc
+    payload = safe_load(data, path, run_dir, "checkpoint", "retrain the run")  # the digest matched: a refusal is not damage
+    if not isinstance(payload, dict) or "model" not in payload:
+        raise MSBError(f"{path}: not an msb checkpoint (no 'model' state dict); retrain the run")
     return payload, rec
 
 
@@ -261,7 +263,7 @@ def save_state(run_dir: Path, state: dict[str, Any]) -> None:
             and digest are kept).
     """
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(to_safe(state), buf)  # weights-only: loadable without the full unpickler
     data = buf.getvalue()
     sdir = run_dir / "state"
     path, sha_path, pending = sdir / STATE_FILE, sdir / STATE_DIGEST, sdir / STATE_PENDING
@@ -283,7 +285,8 @@ def load_state(run_dir: Path) -> dict[str, Any] | None:
 
     Raises:
         MSBError: the state file has no digest, its SHA-256 matches no digest (changed after it was written),
-            it is unreadable, or it is an old state that cannot be converted (each names the file and says to
+            the restricted unpickler refuses it (names ``msb checkpoints upgrade RUN --trust-pickle``), or it is an
+            old state that cannot be converted (each names the file and says to
             delete the ``state/`` folder to restart that run from scratch).
     """
     sdir = run_dir / "state"
@@ -312,10 +315,7 @@ def load_state(run_dir: Path) -> dict[str, Any] | None:
     else:
         raise MSBError(f"{path}: resume state is corrupt (SHA-256 {digest[:12]}... differs from {sha_path.name} "
                        f"{(committed or candidate or '')[:12]}...: the file changed after it was written); {fix}")
-    try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise MSBError(f"{path}: resume state is unreadable ({type(exc).__name__}); {fix}") from exc
+    state = safe_load(data, path, run_dir, "resume state", fix)
     if not isinstance(state, dict):
         raise MSBError(f"{path}: resume state is not a dict ({type(state).__name__}); {fix}")
     return upgrade_state(state, path)
