@@ -102,13 +102,17 @@ def print_scores(table, fmt: str) -> None:
     emit_frame(scores_wide(table), fmt, "Scores", render_scores_table(table) if fmt == "table" else None)
 
 
-def print_leaderboards(counts, out_dir: Path, fmt: str = "table") -> None:
-    """The closing leaderboard of ``msb run`` (:mod:`msb.analysis.report.leaderboard`) and where the report goes."""
-    from msb.analysis.report.leaderboard import N_BOOT, study_leaderboards
+def print_leaderboards(counts, out_dir: Path, fmt: str = "table", setting=None) -> None:
+    """The closing leaderboard of ``msb run`` (:mod:`msb.analysis.report.leaderboard`) under the study's statistics
+    setting (:class:`msb.config.analysis_schema.AnalysisConfig`, printed after each block) and where the report
+    goes."""
+    from msb.analysis.report.leaderboard import study_leaderboards
+    from msb.config.analysis_schema import AnalysisConfig
 
-    for lb in study_leaderboards(counts):
-        title = (f"Leaderboard {lb.dataset}/{lb.split} (rank by image-macro Dice; {N_BOOT} bootstrap replicates "
-                 f"over images)")
+    setting = setting or AnalysisConfig()
+    for lb in study_leaderboards(counts, setting):
+        title = (f"Leaderboard {lb.dataset}/{lb.split} (rank by image-macro Dice; {setting.bootstrap} bootstrap "
+                 f"replicates over images)")
         t = Table(title=title)
         for c in lb.table.columns:
             t.add_column(str(c), no_wrap=c in ("rank", "system", "images"), justify="right" if c != "system" else "left")
@@ -117,4 +121,5 @@ def print_leaderboards(counts, out_dir: Path, fmt: str = "table") -> None:
         emit_frame(lb.table, fmt, title, t)
         for line in lb.lines:
             log(line)
+        log(f"statistics setting: {setting.describe(lb.n_tests if lb.n_tests else None)}")
     log(f"full report (CIs, tests, figures, checklist): msb report {out_dir}")

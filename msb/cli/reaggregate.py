@@ -28,11 +28,13 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 population: Optional[List[str]] = typer.Option(None, help="Also score a sub-population, predictions "
                                                                           "fixed: source:A,B | ids:FILE | "
                                                                           "flag:FILE[:COLUMN] (repeatable)."),
-                bootstrap: int = typer.Option(0, help="Image-level percentile bootstrap replicates for 95% CIs "
-                                                      "(0: none)."),
+                bootstrap: Optional[int] = typer.Option(None, help="Image-level percentile bootstrap replicates "
+                                                          "for CIs (default: none; with --compare the study's "
+                                                          "statistics setting, _study/analysis.json)."),
                 compare: bool = typer.Option(False, help="Compare systems: paired Wilcoxon (BH), paired bootstrap "
                                                          "differences, Friedman, ranking sensitivity."),
-                seed: int = typer.Option(0, help="Bootstrap seed."),
+                seed: Optional[int] = typer.Option(None, help="Bootstrap seed (default: the study's statistics "
+                                                              "setting, else 0)."),
                 system_by: str = typer.Option("run", help="What --compare compares: run | model."),
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
                                                             "Friedman, nemenyi | conover."),
@@ -46,7 +48,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
 
     fmt = resolve_format(format)
     if analyses is not None and not compare:  # only the protocol analyses of one study folder
-        protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed, bootstrap, console.print, log)
+        protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed or 0, bootstrap or 0, console.print,
+                              log)
         return
     extended = rules is not None or population or bootstrap or compare
     group = POOL_FOLDS_GROUP if pool else DEFAULT_GROUP
@@ -75,11 +78,19 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
         log(note) if fmt == "table" else err_console.print(note, highlight=False, markup=False, soft_wrap=True)
     if extended:
         from msb.analysis.stats.compare import run_extended
+        from msb.analysis.stats.setting import find_setting, with_overrides
 
-        run_extended(df, group, rules, population or [], bootstrap, compare, seed, system_by, out, console.print, log,
-                     posthoc)
+        setting, source = find_setting(paths)  # one statistics setting: the study's, as msb run and msb report use
+        # without --compare and --bootstrap no CIs (as before); --bootstrap / --seed override for this command only
+        setting = with_overrides(setting, 0 if bootstrap is None and not compare else bootstrap, seed)
+        if compare and source is not None:
+            log(f"statistics setting from {source}" + (" (overridden by --bootstrap/--seed)"
+                                                       if bootstrap is not None or seed is not None else ""))
+        run_extended(df, group, rules, population or [], setting.bootstrap, compare, setting.seed, system_by, out,
+                     console.print, log, posthoc, setting)
         if analyses is not None:
-            protocol_analyses_cli(paths, analyses, None, allow_mixed_protocols, seed, bootstrap, console.print, log)
+            protocol_analyses_cli(paths, analyses, None, allow_mixed_protocols, setting.seed, setting.bootstrap,
+                                  console.print, log)
         return
     table = _reagg(df, group_by=group)
     _print_scores(table, fmt)

@@ -17,8 +17,9 @@ app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
 @app.command()
 def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>."),
            out: Optional[Path] = typer.Option(None, help="Report folder (default STUDY_DIR/report)."),
-           bootstrap: int = typer.Option(2000, help="Bootstrap replicates for every CI (0: none)."),
-           seed: int = typer.Option(0, help="Bootstrap seed."),
+           bootstrap: Optional[int] = typer.Option(None, help="Bootstrap replicates for every CI (0: none; "
+                                                              "default: the study's statistics setting)."),
+           seed: Optional[int] = typer.Option(None, help="Bootstrap seed (default: the study's statistics setting)."),
            population: Optional[List[str]] = typer.Option(None, help="Extra population: source:A,B | ids:FILE | "
                                                                      "flag:FILE[:COLUMN] (repeatable)."),
            system_by: str = typer.Option("run", help="What a compared system is: run | model."),
@@ -38,7 +39,15 @@ def report(study_dir: Path = typer.Argument(..., help="Study folder runs/<study>
     check_posthoc(posthoc)
     pops = [parse_population(p) for p in population or []]
     names = () if analyses == "none" else parse_analyses(analyses)
-    res = build_report(study_dir, out, n_boot=bootstrap, seed=seed, populations=pops, system_by=system_by,
+    from msb.analysis.stats.setting import find_setting, with_overrides
+
+    setting, source = find_setting([study_dir])  # the setting msb run used for its leaderboard: the same numbers
+    setting = with_overrides(setting, bootstrap, seed)
+    log(f"statistics setting ({source or 'defaults'}"
+        f"{'; --bootstrap/--seed given here' if bootstrap is not None or seed is not None else ''}): "
+        f"{setting.describe()}")
+    seed = setting.seed
+    res = build_report(study_dir, out, populations=pops, system_by=system_by, setting=setting,
                        posthoc=posthoc, protocol={"analyses": names, "seed": seed,
                                                   "allow_mixed_protocols": allow_mixed_protocols})
     for item in res.checklist:

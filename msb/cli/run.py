@@ -53,7 +53,9 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         nproc_per_node: int = typer.Option(0, "--nproc-per-node", min=0, help="Train every run with DDP on this many "
                                            "processes (GPUs) of this machine, launched through torchrun "
                                            "(docs/training.md); train.batch_size is the global batch."),
-        format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+        format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+        verbose: bool = typer.Option(False, "--verbose", help="Also print the full scores table (every metric x "
+                                     "rule; always written to scores.csv).")) -> None:
     """generate -> train -> evaluate -> reaggregate every run of a study; rerun to resume."""
     from msb.engine.distributed import init_from_env, relaunch_with_torchrun, serve, stop_followers
 
@@ -80,11 +82,17 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
     table = reaggregate(counts)
     out_dir = outcomes[0].run_dir.parent
     written = write_scores(table, out_dir)
-    _print_scores(table, fmt)
+    if verbose:
+        _print_scores(table, fmt)
     log(f"scores written to {', '.join(str(p) for p in written)}")
-    _print_leaderboards(counts, out_dir, fmt)
+    from msb.analysis.stats.setting import write_setting
     from msb.config.generate import load_study
-    from msb.study.analyses import run_declared_analyses
+    from msb.study.analyses import run_declared_analyses, study_setting
+    from msb.study.disk import disk_use_line
 
+    setting = study_setting(study)
+    write_setting(out_dir, setting)  # msb report / reaggregate --compare read it: one setting, same numbers
     if not worker:  # the study file's `analyses:` (docs/protocols.md); workers leave them to a plain run
         run_declared_analyses(load_study(study)[0], out_dir, log)
+    log(disk_use_line(out_dir))
+    _print_leaderboards(counts, out_dir, fmt, setting)  # the last thing msb run prints

@@ -16,6 +16,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_valida
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
 from msb.config.strategy_schema import STRATEGY_DEFAULT, StrategyConfig, check_strategy
+from msb.config.analysis_schema import AnalysisConfig
 from msb.config.notifications_schema import NotificationsConfig
 from msb.config.pools_schema import BudgetConfig, PoolConfig
 
@@ -355,12 +356,13 @@ class TrainConfig(StrictModel):
 class CheckpointConfig(StrictModel):
     """Checkpoint policy: ``best`` is selected on ``selection_split`` by ``metric`` (image-macro Dice or IoU at
     the evaluation threshold, on the training resolution). ``test`` is refused unless ``recipe: official``
-    (:class:`RunConfig`), which reproduces the official scripts that select on the test sets."""
+    (:class:`RunConfig`), which reproduces the official scripts that select on the test sets.
+    ``keep_resume_state`` (not hashed) keeps a finished run's full resume state (docs/studies.md, "Disk")."""
 
     metric: Literal["dice", "iou", "loss"] = "dice"
     selection_split: str = "val"
     save: list[Literal["best", "latest"]] = Field(default_factory=lambda: ["best", "latest"])
-
+    keep_resume_state: bool = Field(False, exclude=True)  # False: finished runs drop weights from the state
 
 
 class EvaluationConfig(StrictModel):
@@ -423,9 +425,9 @@ class RunConfig(StrictModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    # completion notifications (msb/config/notifications_schema.py, docs/notifications.md); exclude=True keeps
-    # them out of config.yaml and the config hash: where a message goes does not change what a run computes
+    # notifications, statistics setting: excluded from config.yaml and the hash (neither changes what a run computes)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig, exclude=True)
 
     @model_validator(mode="after")
     def _test_selection_only_official(self) -> "RunConfig":

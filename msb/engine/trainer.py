@@ -292,7 +292,16 @@ class Trainer:
     # --- state -----------------------------------------------------------------------------------------
     def _state(self, epoch: int, best: dict[str, Any], early: dict[str, Any], history: list[dict[str, Any]],
                finished: bool) -> dict[str, Any]:
-        """The resume state after 1-based ``epoch`` (= epochs finished)."""
+        """The resume state after 1-based ``epoch`` (= epochs finished). Once training has ``finished`` it is only
+        the record of the finished training (epoch, best, early stopping, history: a few kB) unless
+        ``checkpoint.keep_resume_state`` is set: nothing resumes a finished run, its weights are in the checkpoints,
+        and the full state (weights, optimizer moments) would be the largest file of the run folder. It replaces
+        the full state through :func:`save_state` (digest first, atomic), so a kill at any point leaves either
+        state and a rerun resumes or skips correctly."""
+        if finished and not self.cfg.checkpoint.keep_resume_state:
+            return {"epoch": epoch, EPOCH_BASE_KEY: EPOCH_BASE, "best": best, "early_stopping": early,
+                    "history": history, "finished": True, "config_hash": self.config_hash,
+                    "nonfinite_streak": self.nonfinite_streak, "released": True}
         return {
             "epoch": epoch, EPOCH_BASE_KEY: EPOCH_BASE, "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -355,6 +364,11 @@ class Trainer:
             self.dist.barrier()
             if not self.is_main:
                 state = load_state(self.run_dir)
+        if state is not None and state.get("finished"):  # nothing to resume (the state may hold no weights)
+            self.log("training already finished, skipped")
+            best, early = state["best"], state["early_stopping"]
+            return TrainResult(int(state["epoch"]), best["epoch"], best["value"], early["stopped"], True,
+                               list(state["history"]))
         if state is not None:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -365,10 +379,7 @@ class Trainer:
             self.nonfinite_streak = int(state.get("nonfinite_streak", 0))
             self.strategy.load_resume_state(state)
             start = int(state["epoch"])  # epochs finished (load_state converts old 0-based states)
-            self.log(f"resuming from epoch {start + 1} (state/train_state.pt)" if not state.get("finished")
-                     else "training already finished, skipped")
-            if state.get("finished"):
-                return TrainResult(start, best["epoch"], best["value"], early["stopped"], True, history)
+            self.log(f"resuming from epoch {start + 1} (state/train_state.pt)")
         metric_key = {"dice": "val_dice", "iou": "val_iou", "loss": "val_loss"}[cfg.checkpoint.metric]
         save_roles = set(cfg.checkpoint.save)
         epoch = start  # 1-based number of the last finished epoch

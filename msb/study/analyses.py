@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from msb.config.analysis_schema import AnalysisConfig
 from msb.config.generate import StudySpec
 from msb.utils.progress import Logger, no_log
 
-__all__ = ["run_declared_analyses"]
+__all__ = ["run_declared_analyses", "study_setting"]
 
 
 def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log) -> list[Path]:
@@ -70,3 +71,25 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
     log_skipped(out[-1], log, prefix="analysis ")
     log(f"protocol analyses ({', '.join(names)}) written to {out[-1].parent}")
     return written
+
+
+def study_setting(study: Path) -> AnalysisConfig:
+    """The statistics setting of a study file: the ``analysis`` section its runs resolve from the config layers
+    (``global.yaml``, then dataset, architecture and the study's ``overrides``).
+
+    Raises:
+        MSBError: the runs resolve different settings (a dataset or architecture config sets its own: a study has
+            one setting; set it in ``global.yaml`` or the study's ``overrides``), or the study file is invalid.
+    """
+    import json
+
+    from msb.config.generate import generate_runs
+    from msb.errors import MSBError
+
+    runs = generate_runs(study, [])
+    found = {json.dumps(r.config.analysis.model_dump(mode="json"), sort_keys=True): r.run_id for r in runs}
+    if len(found) > 1:
+        raise MSBError(f"{study}: its runs resolve {len(found)} different `analysis` settings (e.g. "
+                       f"{', '.join(list(found.values())[:2])}); a study has one statistics setting: set it in "
+                       f"global.yaml or the study's overrides, not in a dataset or architecture config")
+    return runs[0].config.analysis if runs else AnalysisConfig()

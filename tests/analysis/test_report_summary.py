@@ -64,9 +64,10 @@ def test_summary_leaderboard_and_paired_test_match_the_counts(tmp_path: Path):
     # the console leaderboard of `msb run` shows the same table
     from msb.analysis.counts.counts_io import read_counts
     from msb.analysis.report.leaderboard import study_leaderboards
+    from msb.config.analysis_schema import AnalysisConfig
 
     (board,) = study_leaderboards(read_counts(sorted(res.out_dir.parent.glob("runs/pair/*/evaluation/best/"
-                                                                                "counts.parquet"))), n_boot=300)
+                                                                                "counts.parquet"))), AnalysisConfig(bootstrap=300))
     pd.testing.assert_frame_equal(board.table.astype(str), lb.astype(str))
 
 

@@ -2,9 +2,10 @@
 95 % bootstrap CIs, and the paired test of every pair (the report's first screen, in text).
 
 Same analyses as the report (:func:`msb.analysis.report.report_data.analyse_blocks`,
-:func:`msb.analysis.stats.compare.paired_tests`, :func:`msb.analysis.stats.compare.paired_differences_table`), on the
-counts only (no metrics tables, so no HD95 column), identical systems named once
-(:mod:`msb.analysis.counts.identical`).
+:func:`msb.analysis.stats.compare.family_tests`, :func:`msb.analysis.stats.compare.paired_differences_table`) under
+the same statistics setting (:class:`msb.config.analysis_schema.AnalysisConfig`: replicates, level, seed, test
+family, correction), on the counts only (no metrics tables, so no HD95 column), identical systems named once
+(:mod:`msb.analysis.counts.identical`). The CIs and p-values are therefore identical to the report's.
 """
 
 from __future__ import annotations
@@ -13,18 +14,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from msb.analysis.stats.bootstrap import DEFAULT_LEVEL
-from msb.analysis.stats.compare import paired_differences_table, paired_tests
+from msb.analysis.stats.compare import family_tests, paired_differences_table
 from msb.analysis.counts.identical import drop_identical
 from msb.analysis.report.report_data import analyse_blocks
 from msb.analysis.report.summary import BlockTests, leaderboard, significance_sentences
 from msb.analysis.counts.systems import comparison_blocks, find_systems
+from msb.config.analysis_schema import AnalysisConfig
 
 __all__ = ["Leaderboard", "study_leaderboards"]
-
-#: Bootstrap replicates of the console leaderboard (the report uses its own ``--bootstrap``).
-N_BOOT = 1000
-
 
 @dataclass(frozen=True)
 class Leaderboard:
@@ -35,15 +32,16 @@ class Leaderboard:
     split: str
     table: pd.DataFrame
     lines: tuple[str, ...]
+    n_tests: int = 0
 
 
-def study_leaderboards(counts: pd.DataFrame, n_boot: int = N_BOOT, level: float = DEFAULT_LEVEL,
-                       seed: int = 0) -> list[Leaderboard]:
+def study_leaderboards(counts: pd.DataFrame, setting: AnalysisConfig | None = None) -> list[Leaderboard]:
     """Leaderboards of every (dataset, split) of a study's counts.
 
     Args:
         counts: the study's counts rows (:func:`msb.analysis.counts.counts_io.read_counts`).
-        n_boot: bootstrap replicates (image-level percentile CIs; paired for differences); level, seed.
+        setting: the study's statistics setting (default: :class:`AnalysisConfig`'s defaults): bootstrap
+            replicates (image-level percentile CIs; paired for differences), level, seed, test family, correction.
 
     Returns:
         One :class:`Leaderboard` per block, sorted by dataset and split.
@@ -51,15 +49,20 @@ def study_leaderboards(counts: pd.DataFrame, n_boot: int = N_BOOT, level: float 
     Raises:
         MSBError: invalid counts rows (as the report).
     """
+    st = setting or AnalysisConfig()
+    n_boot, level, seed = st.bootstrap, st.level, st.seed
     blocks, identical = drop_identical(comparison_blocks(find_systems(counts, "run")), {})
     notes: list[str] = []
     data = analyse_blocks(blocks, None, ("image-macro", "global-micro"), ("dice",), n_boot, level, seed, notes)
     out = []
     for key, b in data.items():
         tests = None
+        n_tests = 0
         if len(b.aligned) >= 2:
-            tests = BlockTests(paired_tests(b.aligned, ("dice",)),
+            tests = BlockTests(family_tests(b.aligned, st.test_family, (), st.correction),
                                paired_differences_table(b.aligned, ("image-macro",), "dice", n_boot, level, seed))
+            n_tests = int(tests.wilcoxon["p_value"].notna().sum()) if len(tests.wilcoxon) else 0
         lines = significance_sentences(tests, len(b.systems), identical.get(key, ()))
-        out.append(Leaderboard(key[0], key[1], leaderboard(b.scores, b.boundary, "px"), tuple(lines + notes)))
+        out.append(Leaderboard(key[0], key[1], leaderboard(b.scores, b.boundary, "px"), tuple(lines + notes),
+                               n_tests))
     return out

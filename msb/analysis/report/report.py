@@ -1,8 +1,7 @@
 """``msb report STUDY_DIR``: one self-contained HTML report (and Markdown) of a study, from stored artifacts.
 
-Reads only run folders (``config.yaml``, ``split.csv``, ``manifest.json``, ``checkpoints/records.json``,
-``train_log.csv``) and evaluation artifacts (``counts.parquet``, ``metrics.parquet``, ``predictions/*.npz``);
-the dataset images are used, when found, only as overlay backgrounds. Sections (HTML ids):
+Reads only run folders (config, split, manifest, checkpoint records, training log) and evaluation artifacts
+(counts, metrics, predictions); dataset images, when found, only as overlay backgrounds. Sections (HTML ids):
 
 ``summary``       first screen: question, protocol, leaderboard per test set with 95 % CIs, paired-test result,
                   critical-difference diagram for >= 3 systems (:mod:`msb.analysis.report.report_summary`)
@@ -16,16 +15,12 @@ the dataset images are used, when found, only as overlay backgrounds. Sections (
 ``folds``         fold-wise summaries (K-fold studies)
 ``figures``       score distributions, paired differences, ranking changes, Dice vs HD95, overlay grid, training curves
 ``protocol``      the published protocols' tables and figures (:mod:`msb.analysis.report.report_protocol`)
-Sections after the first two are collapsed ``<details>``; tidy tables are CSV links (``data/*.csv``); identical
-systems (:mod:`msb.analysis.counts.identical`) are named and shown once.
+Sections after the first two are collapsed; tidy tables are CSV links; identical systems are shown once.
 
-The HTML is rendered from the package template ``msb/analysis/report/templates/report.html.j2`` (jinja2, autoescape)
-by :class:`msb.analysis.report.report_doc.ReportDoc`; the analyses per comparison block: :mod:`msb.analysis.report.report_data`.
-
-Output folder (default ``STUDY_DIR/report``): ``report.html`` (figures embedded as base64 PNG),
-``report.md`` (figures linked), ``figures/*.png|svg``, ``tables/*.tex|md``, ``data/*.csv``. The folder is
-built beside the target and swapped in only when complete: an error leaves the previous report untouched
-and no partial folder.
+HTML from ``templates/report.html.j2`` (:class:`msb.analysis.report.report_doc.ReportDoc`); per-block analyses:
+:mod:`msb.analysis.report.report_data`. Output folder (default ``STUDY_DIR/report``): ``report.html`` (figures as
+base64 PNG), ``report.md``, ``figures/*.png|svg``, ``tables/*.tex|md``, ``data/*.csv``; built beside the target
+and swapped in only when complete (an error leaves the previous report untouched, no partial folder).
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ import pandas as pd
 
 from msb.analysis.counts.aggregate import ALL_METRICS
 from msb.analysis.stats.bootstrap import DEFAULT_LEVEL, DEFAULT_N_BOOT
-from msb.analysis.stats.compare import paired_differences_table, paired_tests
+from msb.analysis.stats.compare import family_tests, paired_differences_table
 from msb.analysis.report.contract import (ChecklistItem, RunInfo, contract_table, find_counts_files, find_run_dirs,
                                    read_run, reporting_checklist)
 from msb.analysis.counts.counts_io import read_counts_with_report
@@ -60,6 +55,7 @@ from msb.analysis.counts.rules import BASE_RULES, EXTENDED_RULES, RULE_QUESTIONS
 from msb.analysis.stats.significance import POSTHOC_NAMES, friedman_test
 from msb.analysis.counts.systems import System, comparison_blocks, find_systems
 from msb.analysis.report.tables import scores_ci_table
+from msb.config.analysis_schema import AnalysisConfig
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text, current_umask, replace_dir
 
@@ -106,13 +102,15 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
                  level: float = DEFAULT_LEVEL, seed: int = 0, populations: Sequence[Population] = (),
                  system_by: str = "run", rules: Sequence[str] = EXTENDED_RULES,
                  metrics: Sequence[str] = ALL_METRICS, max_overlays: int = 4, posthoc: str = "nemenyi",
-                 protocol: dict | None = None) -> ReportResult:
+                 protocol: dict | None = None, setting: AnalysisConfig | None = None) -> ReportResult:
     """Write the study report (module docstring).
 
     Args:
         study_dir: ``runs/<study>`` (run folders with ``config.yaml`` below it).
         out_dir: destination (default ``study_dir/report``); replaced as a whole on success.
-        n_boot: bootstrap replicates for every CI (0 disables CIs); level: CI level; seed: RNG seed.
+        n_boot: bootstrap replicates for every CI (0 disables CIs); level: CI level; seed: RNG seed; setting: the
+            study's statistics setting (:mod:`msb.analysis.stats.setting`), which replaces all three and sets
+            the test family (Dice unless set; HD95 tested as a family of its own) and correction.
         populations: extra populations (:func:`msb.analysis.stats.populations.parse_population`); per-``source``
             populations are added automatically when a block holds several sources.
         system_by: ``"run"`` or ``"model"`` (:func:`msb.analysis.counts.systems.find_systems`).
@@ -128,7 +126,8 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     Raises:
         MSBError: no run folders; no count files; invalid counts; bad arguments. Nothing is written then.
     """
-    study_dir = Path(study_dir)
+    study_dir, st = Path(study_dir), setting or AnalysisConfig(bootstrap=n_boot, level=level, seed=seed)
+    n_boot, level, seed = st.bootstrap, st.level, st.seed
     if isinstance(n_boot, bool) or int(n_boot) != n_boot or n_boot < 0:
         raise MSBError(f"--bootstrap must be a non-negative integer, got {n_boot!r}")
     if not 0 < level < 1:
@@ -159,10 +158,10 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
                 notes.append(f"{mp}: unreadable ({type(e).__name__}), boundary metrics skipped for it")
         else:
             notes.append(f"{mp}: missing; boundary metrics (HD95, NSD) absent for that evaluation")
-    evaluated = set(counts["run_id"].astype(str))
-    for rid in runs:
-        if rid not in evaluated:
-            notes.append(f"run {rid} has no counts and is not in the scores")
+    not_run = sorted(set(runs) - set(counts["run_id"].astype(str)))
+    if not_run:  # msb generate's config-only folders, unevaluated trials: listed once, in no checklist item
+        notes.append(f"generated, not run (no evaluation; not in the scores or checks): {', '.join(not_run)}")
+        runs = {k: v for k, v in runs.items() if k not in not_run}
     metrics_df = pd.concat(metric_frames, ignore_index=True) if metric_frames else None
 
     systems = find_systems(counts, system_by)
@@ -175,7 +174,7 @@ def build_report(study_dir: str | Path, out_dir: str | Path | None = None, *, n_
     try:
         doc = ReportDoc(tmp)
         result = _write(doc, study_dir, runs, eval_dirs, counts, metrics_df, blocks, labels_by_run, populations,
-                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc, identical, protocol)
+                        n_boot, level, seed, rules, metrics, max_overlays, notes, posthoc, identical, protocol, st)
         html_text, md_text = result
         atomic_write_text(tmp / "report.html", html_text)
         atomic_write_text(tmp / "report.md", md_text)
@@ -194,7 +193,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
            labels_by_run: dict[str, str], populations: Sequence[Population], n_boot: int, level: float,
            seed: int, rules: Sequence[str], metrics: Sequence[str], max_overlays: int,
            notes: list[str], posthoc: str = "nemenyi", identical: dict | None = None,
-           protocol: dict | None = None) -> tuple[str, str]:
+           protocol: dict | None = None, st: AnalysisConfig = AnalysisConfig()) -> tuple[str, str]:
     study = study_dir.resolve().name
     n_blocks = len(blocks)
     # ---------------- per-block analysis (figures are drawn in the figures section)
@@ -230,8 +229,9 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
             ("undefined scores", "NaN (0/0) units are excluded from means and counted, never set to 0 or 1"),
             ("uncertainty", f"image-level percentile bootstrap, {n_boot} replicates, level {level:g}, seed {seed}, "
                             "fold-stratified when a system pools folds" if n_boot else "no bootstrap"),
-            ("tests", "paired two-sided Wilcoxon signed-rank on per-image scores, Benjamini-Hochberg FDR, "
-                      "rank-biserial effect size; Friedman + " + POSTHOC_NAMES[posthoc] + " for >= 3 systems")],
+            ("tests", "paired two-sided Wilcoxon signed-rank on per-image scores, rank-biserial effect size; "
+                      "Friedman + " + POSTHOC_NAMES[posthoc] + " for >= 3 systems"),
+            ("statistics setting", st.describe())],
     }
     contract = contract_table(list(runs.values()), labels_by_run, extra)
     for sec, g in contract.groupby("section", sort=False):
@@ -290,7 +290,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
         if len(labels) < 2:
             doc.text(f"not applicable: {no_pairs_reason(b)}", "note")
             continue
-        tab = paired_tests(aligned, ("dice", "hd95"))
+        tab = family_tests(aligned, st.test_family, ("hd95",), st.correction)
         n_tests += int(tab["p_value"].notna().sum())
         doc.frame(tab, caption="Paired tests on per-image scores (rank_biserial > 0: system_a higher)",
                   name=f"wilcoxon{sfx}")

@@ -79,9 +79,48 @@ def _semantics(eval_dirs: Mapping[tuple[str, str], Path]) -> list[str]:
     return seen
 
 
+def _kfold_text(policy: str) -> str:
+    """``kfold(k=3,folds=1a7b9f52)`` -> ``3-fold cross-validation (k = 3, folds file SHA-256 1a7b9f52...)``."""
+    import re
+
+    m = re.match(r"kfold\(k=(\d+|\?),folds=([0-9a-f?]+)\)", policy)
+    return (f"{m.group(1)}-fold cross-validation (k = {m.group(1)}, folds file SHA-256 {m.group(2)}...)" if m
+            else policy)
+
+
+_UNIT_SKIP = ("run_id", "folds_file", "split_file", "split_sha256", "config_hash")
+
+
+def _unit_rows(runs: Sequence[RunInfo]) -> list[tuple[str, str]]:
+    """Search, cross-validation and ensemble rows from the unit manifests of the study holding ``runs``."""
+    study_dirs = sorted({r.run_dir.parent for r in runs})
+    rows: dict[str, list[str]] = {"Search": [], "Cross-validation": [], "Ensemble": []}
+    for sd in study_dirs:
+        for mf in sorted((sd / "_study").glob("*/manifest.json")):
+            try:
+                m = json.loads(mf.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            for field, key in (("Search", "search"), ("Cross-validation", "cross_validation"),
+                               ("Ensemble", "ensemble")):
+                v = m.get(key)
+                if isinstance(v, dict):
+                    items = [f"{k} {str(x)[:8] + '...' if k.endswith('sha256') else x}" for k, x in v.items()
+                             if isinstance(x, (str, int, float, bool)) and k not in _UNIT_SKIP]
+                    txt = f"{m.get('unit', mf.parent.name)}: {', '.join(items)}"
+                    if txt not in rows[field]:
+                        rows[field].append(txt)
+    return [(f, "; ".join(v)) for f, v in rows.items() if v]
+
+
 def protocol_rows(runs: Sequence[RunInfo], counts: pd.DataFrame, eval_dirs: Mapping[tuple[str, str], Path],
                   n_boot: int, level: float) -> list[tuple[str, str]]:
-    """``(field, value)`` rows: datasets, split policy, checkpoint rule, test-time rule, aggregation rule.
+    """``(field, value)`` rows: datasets, split policy, checkpoint rule, test-time rule, aggregation rule, and
+    (read from the study's unit manifests ``_study/<unit>/manifest.json``) search, cross-validation and ensemble.
+
+    The split policy is what the counts say ran (their ``split_policy`` column, e.g. ``kfold(k=3,folds=1a7b9f52)``:
+    k and the first 8 hex of the folds file's SHA-256), with the config's group column, stratification and
+    fractions; the configs alone would state the split a K-fold study replaced.
 
     Args:
         runs: the study's runs; counts: their counts rows; eval_dirs: evaluation folders (for
@@ -110,10 +149,17 @@ def protocol_rows(runs: Sequence[RunInfo], counts: pd.DataFrame, eval_dirs: Mapp
         "threshold " + ", ".join(f"{v:g}" for v in sorted(set(counts["threshold"].astype(float))))
         + " on " + ", ".join(sorted(set(counts["threshold_on"].astype(str))))]
     ci = (f"{level:.0%} percentile bootstrap over images ({n_boot} replicates)" if n_boot else "no CI (bootstrap off)")
+    policies = (sorted(set(counts["split_policy"].dropna().astype(str)) - {""}) if "split_policy" in counts.columns
+                else [])
+    if any(pol.startswith("kfold(") for pol in policies):
+        groups = sorted({str(d["group_column"]) for d in map(json.loads, splits) if d.get("group_column")})
+        split_txt = "; ".join(_kfold_text(pol) for pol in policies) + (
+            f", whole groups of {', '.join(repr(g) for g in groups)}" if groups else "") + " (from the counts)"
     return [
         ("Datasets", f"trained on {', '.join(trained)}" + (f" ({sizes[0]} images)" if sizes else "")
          + f"; tested on {tested}"),
         ("Split policy", split_txt or "not stated in config.yaml"),
+        *_unit_rows(runs),
         ("Checkpoint rule", ("; ".join(f"best {m} on '{s}'" for m, s in ck) + f" within {'/'.join(epochs)} epoch(s)"
                              if ck else "selection rule not stated in config.yaml")
          + f"; evaluated checkpoint(s): {', '.join(roles)}"),

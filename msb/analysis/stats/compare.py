@@ -19,8 +19,9 @@ from msb.analysis.counts.rules import BASE_RULES, ImageTable, aggregate_rules, i
 from msb.analysis.stats.significance import bh_adjust, check_posthoc, friedman_test, pairwise_wilcoxon
 from msb.analysis.counts.systems import align_tables, comparison_blocks, find_systems
 from msb.errors import MSBError
+from msb.config.analysis_schema import AnalysisConfig
 
-__all__ = ["scores_with_ci", "paired_tests", "paired_differences_table", "Comparison", "compare_systems",
+__all__ = ["scores_with_ci", "paired_tests", "family_tests", "paired_differences_table", "Comparison", "compare_systems",
            "rich_frame", "ci_display", "run_extended"]
 
 
@@ -60,12 +61,15 @@ def scores_with_ci(df: pd.DataFrame, group_by: Sequence[str] = DEFAULT_GROUP, ru
     return table
 
 
-def paired_tests(aligned: dict[str, ImageTable], metrics: Sequence[str] = ("dice",)) -> pd.DataFrame:
-    """Pairwise Wilcoxon tests on per-image scores for each metric, BH-adjusted over all rows together.
+def paired_tests(aligned: dict[str, ImageTable], metrics: Sequence[str] = ("dice",), correction: str = "bh"
+                 ) -> pd.DataFrame:
+    """Pairwise Wilcoxon tests on per-image scores for each metric, adjusted over all rows together (one family).
 
     Args:
         aligned: label -> table, aligned on the same images (:func:`align_tables`).
         metrics: counts metrics or attached ``extra`` columns (a metric missing from a system is skipped).
+        correction: ``bh`` (Benjamini-Hochberg over every pair x metric of this call) or ``none``
+            (``p_adjusted`` = ``p_value``).
 
     Returns:
         :func:`msb.analysis.stats.significance.pairwise_wilcoxon` rows for every metric, ``p_adjusted`` and
@@ -80,9 +84,38 @@ def paired_tests(aligned: dict[str, ImageTable], metrics: Sequence[str] = ("dice
     if not parts:
         return pd.DataFrame()
     tab = pd.concat(parts, ignore_index=True)
-    tab["p_adjusted"] = bh_adjust(tab["p_value"].to_numpy())
-    tab["correction"] = f"Benjamini-Hochberg (m={int(tab['p_value'].notna().sum())})"
+    n = int(tab["p_value"].notna().sum())
+    if correction == "none":
+        tab["p_adjusted"] = tab["p_value"]
+        tab["correction"] = f"none (m={n})"
+    else:
+        tab["p_adjusted"] = bh_adjust(tab["p_value"].to_numpy())
+        tab["correction"] = f"Benjamini-Hochberg (m={n})"
     return tab
+
+
+def family_tests(aligned: dict[str, ImageTable], family: Sequence[str], others: Sequence[str] = (),
+                 correction: str = "bh") -> pd.DataFrame:
+    """The paired tests of one statistics setting: the metrics of ``family`` corrected together
+    (:func:`paired_tests`), then each metric of ``others`` that is not in the family as a family of its own
+    (its ``correction`` column says so). The family's rows are identical whatever ``others`` holds, so the console
+    leaderboard, ``reaggregate --compare`` and the report print the same p-values for it.
+
+    Args:
+        aligned: label -> aligned image table. family: :attr:`AnalysisConfig.test_family`.
+        others: further metrics tested (e.g. ``hd95`` in the report), each corrected on its own.
+        correction: ``bh`` or ``none``.
+
+    Returns:
+        The rows of :func:`paired_tests`, family first.
+    """
+    parts = [paired_tests(aligned, family, correction)]
+    for m in others:
+        t = paired_tests(aligned, (m,), correction) if m not in family else pd.DataFrame()
+        if len(t):
+            parts.append(t.assign(correction=t["correction"] + f" ({m} alone)"))
+    parts = [t for t in parts if len(t)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def paired_differences_table(aligned: dict[str, ImageTable], rules: Sequence[str] = ("image-macro", "global-micro"),
@@ -127,9 +160,11 @@ class Comparison:
 
 def compare_systems(df: pd.DataFrame, system_by: str = "run", rules: Sequence[str] = BASE_RULES,
                     metrics: Sequence[str] = ALL_METRICS, n_boot: int = 2000, level: float = DEFAULT_LEVEL,
-                    seed: int = 0, posthoc: str = "nemenyi") -> list[Comparison]:
+                    seed: int = 0, posthoc: str = "nemenyi", family: Sequence[str] = ("dice",),
+                    correction: str = "bh") -> list[Comparison]:
     """Compare the systems of each (dataset, split) block on their common images (``posthoc``: the test after
-    Friedman for >= 3 systems, ``"nemenyi"`` or ``"conover"``).
+    Friedman for >= 3 systems, ``"nemenyi"`` or ``"conover"``; ``family``/``correction``: the statistics setting's
+    test family, :func:`family_tests`; IoU and recall are tested as families of their own).
 
     Returns:
         One :class:`Comparison` per block with at least two systems.
@@ -143,7 +178,8 @@ def compare_systems(df: pd.DataFrame, system_by: str = "run", rules: Sequence[st
             continue
         aligned = align_tables({s.label: s.table() for s in systems}, "intersect")
         labels = list(aligned)
-        tests = paired_tests(aligned, [m for m in ("dice", "iou", "recall") if m in metrics] or list(metrics))
+        tests = family_tests(aligned, [m for m in family if m in metrics] or list(metrics)[:1],
+                             [m for m in ("dice", "iou", "recall") if m in metrics], correction)
         diffs = paired_differences_table(aligned, [r for r in ("image-macro", "global-micro") if r in rules]
                                          or list(rules)[:1], "dice" if "dice" in metrics else metrics[0],
                                          n_boot, level, seed)
@@ -207,8 +243,8 @@ def ci_display(table: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
 
 
 def run_extended(df: pd.DataFrame, group_by: Sequence[str], rules: str | None, populations: Sequence[str],
-                 n_boot: int, compare: bool, seed: int, system_by: str, out, show, log, posthoc: str = "nemenyi"
-                 ) -> None:
+                 n_boot: int, compare: bool, seed: int, system_by: str, out, show, log, posthoc: str = "nemenyi",
+                 setting: AnalysisConfig | None = None) -> None:
     """Body of ``msb reaggregate`` with ``--rules``, ``--population``, ``--bootstrap`` or ``--compare``.
 
     Args:
@@ -233,12 +269,14 @@ def run_extended(df: pd.DataFrame, group_by: Sequence[str], rules: str | None, p
     rule_list = parse_rules(rules)
     pops = [parse_population(p) for p in populations]  # parse all before computing anything
     # compute everything first, so that an error leaves no output file behind
-    table = scores_with_ci(df, group_by, rule_list, ALL_METRICS, n_boot, DEFAULT_LEVEL, seed)
+    setting = (setting or AnalysisConfig()).model_copy(update={"bootstrap": n_boot, "seed": seed})
+    level = setting.level
+    table = scores_with_ci(df, group_by, rule_list, ALL_METRICS, n_boot, level, seed)
     comp = compare_populations(df, pops, group_by, rule_list, ["dice"]) if pops else None
     check_posthoc(posthoc)
-    comps = compare_systems(df, system_by, rule_list, ALL_METRICS, n_boot, DEFAULT_LEVEL, seed, posthoc) \
-        if compare else []
-    title = "Scores" + (f" with {100 * DEFAULT_LEVEL:.0f}% percentile bootstrap CIs ({n_boot} replicates, "
+    comps = compare_systems(df, system_by, rule_list, ALL_METRICS, n_boot, level, seed, posthoc,
+                            setting.test_family, setting.correction) if compare else []
+    title = "Scores" + (f" with {100 * level:.0f}% percentile bootstrap CIs ({n_boot} replicates, "
                         f"seed {seed})" if n_boot else "")
     show(rich_frame(ci_display(table), title))
     files = []
@@ -255,9 +293,11 @@ def run_extended(df: pd.DataFrame, group_by: Sequence[str], rules: str | None, p
     if comps:
         for c in comps:
             where = f"{c.dataset}/{c.split}, {c.n_images} common images"
+            fam = c.wilcoxon["metric"].isin(setting.test_family)
             show(rich_frame(c.wilcoxon[["system_a", "system_b", "metric", "test", "n", "statistic", "p_value",
-                                        "p_adjusted", "rank_biserial", "median_difference"]],
-                            f"Paired tests ({where}; {c.wilcoxon['correction'].iloc[0]})"))
+                                        "p_adjusted", "correction", "rank_biserial", "median_difference"]],
+                            f"Paired tests ({where})"))
+            log(f"statistics setting: {setting.describe(int(c.wilcoxon.loc[fam, 'p_value'].notna().sum()))}")
             show(rich_frame(c.differences[["system_a", "system_b", "aggregation", "metric", "difference", "ci_low",
                                            "ci_high"]], f"Differences a - b ({where})"))
             log(c.friedman)
