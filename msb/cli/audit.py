@@ -8,11 +8,11 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from msb.cli.common import console, log, track
+from msb.cli.format import FORMAT_HELP, emit_frame, resolve_format, status_log, status_track
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
 
-__all__ = ["audit"]
+__all__ = ["audit", "census_numbers"]
 
 
 @app.command()
@@ -49,21 +49,25 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
                                                           "every near-duplicate cluster."),
           curated_out: Optional[Path] = typer.Option(None, help="Curated dataset folder (default "
                                                                 "<parent>/<name>_curated)."),
-          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder.")) -> None:
+          overwrite: bool = typer.Option(False, help="Replace an existing curated dataset folder."),
+          format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP + " csv / json: the census "
+                                               "only, counts and denominators as numbers.")) -> None:
     """Duplicate and leakage audit: identical bytes, near-duplicates, shared groups, cross-split census, counterpart
     rules, verdict (exit 3 with --fail-on when the relation crosses), reports."""
     from msb.audit.core import AuditConfig
     from msb.audit.pipeline import audit_dataset
     from msb.audit.verdict import FAIL_EXIT
 
+    fmt = resolve_format(format)
+    log = status_log(fmt)  # stdout carries the tables only unless fmt is table
     cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
                       ssim_min=ssim_min, workers=workers, candidates=candidates, counterpart=counterpart,
                       group_pattern=group_pattern, recall_sample=recall_sample)
     res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
                         apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
-                        max_sheet_pairs=max_sheet_pairs, fail_on=fail_on or (), progress=track)
+                        max_sheet_pairs=max_sheet_pairs, fail_on=fail_on or (), progress=status_track(fmt))
     if res.result is not None:
-        _print_result(res)
+        _print_result(res, fmt)
     if res.curation is not None:
         log(res.curation.summary())
     if res.result is not None and res.result.verdict is not None:
@@ -72,19 +76,47 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
             raise typer.Exit(FAIL_EXIT)
 
 
-def _print_result(res) -> None:
+def census_numbers(summ):
+    """:func:`msb.audit.census.summary_table` with its ``"count / denominator"`` cells split into numbers.
+
+    Args:
+        summ: the summary table (``relation`` and one ``"count / denominator"`` string column per quantity;
+            ``""`` where the census has no such row).
+
+    Returns:
+        DataFrame: ``relation``, then per quantity ``<name>`` (count) and ``<name> denominator``, both nullable
+        integers (``<NA>`` for an empty cell).
+    """
+    import pandas as pd
+
+    out = pd.DataFrame({"relation": summ["relation"]})
+    for col in summ.columns[1:]:
+        parts = summ[col].astype(str).str.split(" / ", n=1, expand=True).reindex(columns=[0, 1])
+        out[col] = pd.to_numeric(parts[0].replace("", None), errors="coerce").astype("Int64")
+        out[f"{col} denominator"] = pd.to_numeric(parts[1], errors="coerce").astype("Int64")
+    return out
+
+
+def _print_result(res, fmt: str = "table") -> None:
     from msb.audit.census import summary_table
 
+    log = status_log(fmt)
     r = res.result
     summ = summary_table(r.census)
-    table = Table(title=f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
-                        f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
+    title = (f"cross-{r.boundary} census: count / denominator ({r.params['n_rows']} rows, "
+             f"{r.params['n_candidate_pairs']} candidate pairs; units in census.csv)")
+    table = Table(title=title)
     for col in summ.columns:
         table.add_column(col, justify="left" if col == "relation" else "right")
     for row in summ.itertuples(index=False):
         table.add_row(*[str(v) for v in row])
-    console.print(table)
-    if r.counterparts is not None and len(r.counterparts):
+    if fmt in ("csv", "json"):  # pure data: the census only, numbers apart (the counterparts are in counterparts.csv)
+        emit_frame(census_numbers(summ), fmt)
+    else:
+        emit_frame(summ, fmt, title, table)
+    if r.counterparts is not None and len(r.counterparts) and fmt in ("csv", "json"):
+        log(f"counterparts of evaluation rows: {res.written[0].parent / 'counterparts.csv'}")
+    elif r.counterparts is not None and len(r.counterparts):
         from msb.audit.counterparts import rule_summary
 
         cs = rule_summary(r.counterparts)
@@ -94,7 +126,7 @@ def _print_result(res) -> None:
             ct.add_column(str(col), justify="left" if col.startswith("relation") else "right")
         for row in cs.itertuples(index=False):
             ct.add_row(*[str(v) for v in row])
-        console.print(ct)
+        emit_frame(cs, fmt, ct.title, ct)
     if r.params["n_unassigned_rows"]:
         log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
             f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")

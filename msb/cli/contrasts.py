@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from msb.cli.common import log
+from msb.cli.format import FORMAT_HELP, emit_frame, resolve_format, status_log
 from msb.errors import MSBError
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
@@ -42,12 +42,15 @@ def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (a
               checkpoint: Optional[str] = typer.Option(None, help="Checkpoint role evaluated (default best)."),
               n_boot: Optional[int] = typer.Option(None, min=1, help="Bootstrap replicates (default 2000)."),
               out: Optional[Path] = typer.Option(None, help="Output folder (default <study folder>/contrasts)."),
-              ) -> None:
+              format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP + " csv / json: the contrast "
+                                                   "table only (ranks in population_ranks.csv).")) -> None:
     """Mean paired differences between training pools over seeds, per evaluation population, with paired-t and
     bootstrap intervals; pools ranked per population with Spearman's rho."""
     from msb.analysis.stats.contrasts import (contrast_table, load_pool_counts, markdown_table, pool_runs,
                                         population_ranks, write_contrasts, INTERVAL_NOTE)
 
+    fmt = resolve_format(format)
+    log = status_log(fmt)  # stdout carries the tables only unless fmt is table
     folder, spec = _settings(study, run_root)
     pairs = [tuple(p.split(":", 1)) for p in pair] if pair else [tuple(p) for p in spec.get("pairs", [])]
     if any(len(p) != 2 for p in pairs):
@@ -70,6 +73,15 @@ def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (a
                            spec.get("level", 0.95), spec.get("boot_seed", 0))
     ranks, rho = population_ranks(counts, pops, metric, rule)
     paths = write_contrasts(table, ranks, rho, out or folder / "contrasts")
-    for text in (markdown_table(table), INTERVAL_NOTE, markdown_table(ranks), markdown_table(rho)):
-        typer.echo(text)  # plain text: Markdown tables must not be folded to the console width
+    if fmt == "markdown":  # as contrasts.md and population_ranks.md (floats with 4 decimals)
+        for text in (markdown_table(table), INTERVAL_NOTE, markdown_table(ranks), markdown_table(rho)):
+            typer.echo(text)  # plain text: Markdown tables must not be folded to the console width
+    elif fmt == "table":
+        emit_frame(table.round(4), fmt, "Training-pool contrasts")
+        log(INTERVAL_NOTE)
+        emit_frame(ranks.round(4), fmt, "Pool ranks per population")
+        emit_frame(rho.round(4), fmt, "Spearman's rho between populations' ranks")
+    else:  # csv / json: pure data, raw numbers
+        emit_frame(table, fmt)
+        log(INTERVAL_NOTE)
     log(f"{len(runs)} pool runs; written: {', '.join(str(p) for p in paths)}")

@@ -7,14 +7,15 @@ from typing import List, Optional
 
 import typer
 
-from msb.cli.common import console, log, track
+from msb.cli.common import log
+from msb.cli.format import FORMAT_HELP, print_scores, resolve_format, status_log, status_track
 from msb.errors import MSBError
 
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
 
 
-def _study_of_run_locked(run_dir: Path):
+def _study_of_run_locked(run_dir: Path, log=log):
     """The study lock of the study folder holding run folder ``run_dir`` (``msb evaluate`` / ``msb metrics``
     never write into a run while a plain ``msb run`` of its study runs, nor two at once); a no-op context for a
     path that is not a run folder (the command's own check names it)."""
@@ -39,15 +40,18 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
                                                            "(ids or names; repeat per model class), e.g. 1=1,2."),
              split: Optional[str] = typer.Option(None, help="With --external: 'all' (default) or a split of its "
                                                  "index.csv."),
-             run_root: Optional[str] = typer.Option(None, help="With a study YAML: override run_root.")) -> None:
+             run_root: Optional[str] = typer.Option(None, help="With a study YAML: override run_root."),
+             format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """Reload a checkpoint (SHA-256 verified), predict the test split, write counts and predictions."""
-    from msb.analysis.counts.aggregate import reaggregate, render_scores_table
+    from msb.analysis.counts.aggregate import reaggregate
     from msb.analysis.counts.counts_io import read_counts_with_report
     from msb.engine.runner import evaluate_run
 
     if checkpoint not in ("best", "latest", "both"):
         raise MSBError(f"--checkpoint must be best, latest or both, not '{checkpoint}'")
     roles = ["best", "latest"] if checkpoint == "both" else [checkpoint]
+    fmt = resolve_format(format)
+    log, track = status_log(fmt), status_track(fmt)  # stdout carries the scores table only unless fmt is table
     if external is not None:
         from msb.study.external_eval import evaluate_external_cli
 
@@ -55,9 +59,9 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
     elif class_map or split:
         raise MSBError("--class-map and --split apply to --external evaluations only; add --external DATASET")
     else:
-        with _study_of_run_locked(run_dir):
+        with _study_of_run_locked(run_dir, log):
             paths = evaluate_run(run_dir, roles, track=track, log=log, force=force)
     df, report = read_counts_with_report(paths)  # digests verified
     for note in report.notes:
         log(note)
-    console.print(render_scores_table(reaggregate(df)))
+    print_scores(reaggregate(df), fmt)

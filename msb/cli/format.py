@@ -9,17 +9,20 @@ row. Lines are written without hard wrapping.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar
 
 from rich.table import Table
 
-from msb.cli.common import console, log
+from msb.cli.common import console, err_console, log, track
 from msb.errors import MSBError
 
 if TYPE_CHECKING:  # pandas is imported by the callers that build frames (the columnar reaggregate path never does)
     import pandas as pd
 
-__all__ = ["FORMATS", "FORMAT_HELP", "resolve_format", "emit_frame", "print_scores", "print_leaderboards"]
+__all__ = ["FORMATS", "FORMAT_HELP", "resolve_format", "emit_frame", "print_scores", "print_leaderboards",
+           "err_log", "status_log", "status_track"]
+
+T = TypeVar("T")
 
 #: Accepted ``--format`` values.
 FORMATS: tuple[str, ...] = ("table", "csv", "json", "markdown")
@@ -38,6 +41,39 @@ def resolve_format(fmt: Optional[str]) -> str:
     if fmt not in FORMATS:
         raise MSBError(f"--format must be one of {', '.join(FORMATS)}, not '{fmt}'")
     return fmt
+
+
+def err_log(msg: str) -> None:
+    """One status line on stderr (never hard-wrapped): stdout stays pure data."""
+    err_console.print(msg, highlight=False, markup=False, soft_wrap=True)
+
+
+def status_log(fmt: str) -> Callable[[str], None]:
+    """The status-line logger for output format ``fmt``: stdout (:func:`msb.cli.common.log`) for ``table``,
+    stderr (:func:`err_log`) for ``csv`` / ``json`` / ``markdown`` so that stdout carries the table only."""
+    return log if fmt == "table" else err_log
+
+
+def status_track(fmt: str) -> Callable[[Iterable[T], str, int], Iterator[T]]:
+    """The progress wrapper for output format ``fmt``: :func:`msb.cli.common.track` for ``table``; otherwise the
+    progress goes to stderr (a rich bar when stderr is a terminal, else one line per 10 %)."""
+    if fmt == "table":
+        return track
+
+    def _track(it: Iterable[T], desc: str, total: int) -> Iterator[T]:
+        if not err_console.is_terminal:
+            from msb.cli.progress import progress_lines
+
+            yield from progress_lines(it, desc, total, err_log)
+            return
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as progress:
+            yield from progress.track(it, total=total, description=desc)
+
+    return _track
 
 
 def _write(text: str) -> None:
@@ -95,8 +131,9 @@ def _print_vertical(df: pd.DataFrame, title: str) -> None:
 
 
 def print_scores(table, fmt: str) -> None:
-    """A :func:`msb.analysis.counts.aggregate.reaggregate` result: the rich table on a terminal, else one row per group
-    with a ``<metric>_<rule>`` column per score (:func:`msb.analysis.counts.aggregate.scores_wide`)."""
+    """A :func:`msb.analysis.counts.aggregate.reaggregate` result: the rich table for ``table``, else one row per
+    group with a ``<metric>_<rule>`` column per score (:func:`msb.analysis.counts.aggregate.scores_wide`; floats,
+    NaN where undefined)."""
     from msb.analysis.counts.aggregate import render_scores_table, scores_wide
 
     emit_frame(scores_wide(table), fmt, "Scores", render_scores_table(table) if fmt == "table" else None)

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from msb.cli.common import console, log
+from msb.cli.format import FORMAT_HELP, emit_frame, resolve_format, status_log
 from msb.errors import MSBError
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
@@ -24,7 +24,9 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             table_out: Optional[Path] = typer.Option(None, help="With --legacy: folder of the six-metric table "
                                                      "(default RUN_DIR/legacy_table)."),
             card: bool = typer.Option(False, "--card", help="Also the card recipe as written (card_*_as_written), "
-                                      "beside the real HD95; docs/metrics.md.")) -> None:
+                                      "beside the real HD95; docs/metrics.md."),
+            format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP + " csv / json: one table, "
+                                                 "a metrics_file column naming each metrics.parquet.")) -> None:
     """Boundary (HD95, NSD) and lesion metrics from stored predictions, without re-running inference.
 
     The target is a run folder, a fold-ensemble folder, or one evaluation folder inside either (an external set
@@ -36,6 +38,9 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
     ``metrics.parquet``'s digest is recorded after it is written. ``--card`` adds the published card's recipe
     (``evaluation.metrics.card``) for this computation."""
     import pandas as pd
+
+    fmt = resolve_format(format)
+    log = status_log(fmt)  # stdout carries the tables only unless fmt is table
 
     from msb.analysis.counts.counts_io import read_counts_with_report
     from msb.evaluation.image_metrics import summarize_metrics, write_metrics_table
@@ -74,6 +79,7 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
             set_digest(path.parent, path.name, sha256_file(path))  # the digest of the file just written here
     from msb.analysis.report.summary import distance_unit
 
+    frames = []
     for path in written:
         mt = pd.read_parquet(path)
         summary = summarize_metrics(mt)
@@ -81,15 +87,21 @@ def metrics(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<r
         tag = unit.replace(" ", "_")  # hd95_px / hd95_mm: the unit in the name (rich would eat "[px]" as markup)
         summary["metric"] = [f"{m}_{tag}" if str(m).startswith(("hd", "assd", "masd", "asd", "directed")) else m
                              for m in summary["metric"]]
-        table = Table(title=f"{path} (convention: {cfg.evaluation.metrics.hd_convention}; distances in {unit})")
+        title = f"{path} (convention: {cfg.evaluation.metrics.hd_convention}; distances in {unit})"
+        if fmt in ("csv", "json"):  # one table for a pipe: the file as a column, raw floats
+            frames.append(summary.assign(metrics_file=str(path))[["metrics_file", *summary.columns]])
+            continue
+        table = Table(title=title)
         for col in summary.columns:
             table.add_column(str(col), justify="right" if summary[col].dtype.kind in "fi" else "left",
                              overflow="fold")
         for _, row in summary.iterrows():
             table.add_row(*[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row])
-        console.print(table)
+        emit_frame(summary, fmt, title, table)
+    if frames:
+        emit_frame(pd.concat(frames, ignore_index=True), fmt)
     if legacy:
         from msb.cli.score import print_six_metric_table
 
-        paths = print_six_metric_table(written, table_out or run_dir / "legacy_table")
+        paths = print_six_metric_table(written, table_out or run_dir / "legacy_table", fmt)
         log(f"LEGACY six-metric table written to {', '.join(str(p) for p in paths)}")

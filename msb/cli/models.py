@@ -8,8 +8,7 @@ from typing import Optional
 
 import typer
 
-from msb.cli.common import log
-from msb.cli.format import FORMAT_HELP, resolve_format
+from msb.cli.format import FORMAT_HELP, resolve_format, status_log
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
 
@@ -26,5 +25,6 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     from msb.cli.catalog import architecture_catalog
     from msb.models.registry import available_architectures
 
-    emit_frame(architecture_catalog(configs, params), resolve_format(format), f"Architecture configs in {configs}")
-    log(f"registry adapters: {', '.join(available_architectures())}")
+    fmt = resolve_format(format)
+    emit_frame(architecture_catalog(configs, params), fmt, f"Architecture configs in {configs}")
+    status_log(fmt)(f"registry adapters: {', '.join(available_architectures())}")

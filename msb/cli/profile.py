@@ -8,11 +8,33 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from msb.cli.common import console, log
+from msb.cli.format import FORMAT_HELP, emit_frame, resolve_format, status_log
 from msb.errors import MSBError
 
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
+
+
+def profile_frame(t):
+    """The profile table's columns with raw numbers (for ``--format csv|json|markdown``).
+
+    Args:
+        t: the table of :func:`msb.profiling.pipeline.run_profile` (``model``, ``input_h``, ``input_w``,
+            ``precision``, ``params_m``, ``gmacs``, ``latency_ms_median``, ``latency_ms_sd``, ``throughput_ips``,
+            ``peak_mem_mib`` / ``peak_mem_delta_mib``, ``device``, ``status``).
+
+    Returns:
+        DataFrame with ``model``, ``input`` (``HxW``), ``precision``, ``params (M)``, ``GMACs``,
+        ``latency ms (median)``, ``latency ms (SD)``, ``images/s``, ``peak MiB`` (CUDA peak allocation; on the
+        CPU the resident-memory increase), ``status``.
+    """
+    import pandas as pd
+
+    mem = t["peak_mem_mib"].where(t["device"] == "cuda", t["peak_mem_delta_mib"])
+    return pd.DataFrame({"model": t["model"], "input": t["input_h"].astype(str) + "x" + t["input_w"].astype(str),
+                         "precision": t["precision"], "params (M)": t["params_m"], "GMACs": t["gmacs"],
+                         "latency ms (median)": t["latency_ms_median"], "latency ms (SD)": t["latency_ms_sd"],
+                         "images/s": t["throughput_ips"], "peak MiB": mem, "status": t["status"]}).reset_index(drop=True)
 
 
 @app.command(context_settings={"allow_extra_args": True})
@@ -34,12 +56,16 @@ def profile(ctx: typer.Context,
             out: Optional[Path] = typer.Option(None, help="Output folder (default <study>/profile or profiles/)."),
             role: str = typer.Option("best", help="Study: checkpoint role whose counts give Dice."),
             rule: str = typer.Option("image-macro", help="Study: aggregation rule of Dice."),
-            x: str = typer.Option("gmacs", help="Study scatter x axis: gmacs | latency.")) -> None:
+            x: str = typer.Option("gmacs", help="Study scatter x axis: gmacs | latency."),
+            format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP + " csv / json: numbers "
+                                                 "unrounded, latency median and SD in two columns.")) -> None:
     """Params, GMACs (FlopCounterMode), latency, throughput and peak memory per architecture and input size."""
     from msb.profiling.measure import parse_input_size
     from msb.profiling.pipeline import run_profile
     from msb.profiling.timing import TimingProtocol, protocol_defaults
 
+    fmt = resolve_format(format)
+    log = status_log(fmt)  # stdout carries the table only unless fmt is table
     archs, sizes, precs = list(arch or []), list(input_size or []), list(precision or [])
     d = protocol_defaults(device)  # on cuda the MSB paper's protocol: 100 + 5 x 1,000 passes at 256 and 512
     warmup = d["warmup"] if warmup is None else warmup
@@ -64,8 +90,9 @@ def profile(ctx: typer.Context,
                       role, rule, x, log=log,
                       model_configs=architecture_model_configs(configs) if study is None else None)
     t = res.table
-    table = Table(title=f"profile on {t['device_name'].iloc[0]} ({t['device'].iloc[0]}), batch {batch_size}, "
+    title = (f"profile on {t['device_name'].iloc[0]} ({t['device'].iloc[0]}), batch {batch_size}, "
                         f"{warmup} warm-up + {repeats}x{timed_passes} timed passes, forward only")
+    table = Table(title=title)
     for col in ("model", "input", "precision", "params (M)", "GMACs", "latency ms (median ± SD)", "images/s",
                 "peak MiB", "status"):
         table.add_column(col, justify="left" if col in ("model", "input", "precision", "status") else "right")
@@ -74,7 +101,7 @@ def profile(ctx: typer.Context,
         table.add_row(r["model"], f"{r['input_h']}x{r['input_w']}", r["precision"], f"{r['params_m']:.2f}",
                       f"{r['gmacs']:.3f}", f"{r['latency_ms_median']:.2f} ± {r['latency_ms_sd']:.2f}",
                       f"{r['throughput_ips']:.1f}", f"{mem:.1f}", r["status"])
-    console.print(table)
+    emit_frame(profile_frame(t), fmt, title, table)
     uncounted = sorted({o.strip() for s in t["uncounted_ops"] for o in str(s).split(",") if o.strip()})
     log(f"GMACs = FlopCounterMode FLOPs / 2 per image; operators not counted: {', '.join(uncounted) or 'none'}")
     log(f"peak memory: {t['mem_method'].iloc[0]}")

@@ -10,16 +10,19 @@ from typing import List, Optional
 
 import typer
 
-from msb.cli.common import console, log, track
+from msb.cli.common import console
+from msb.cli.format import FORMAT_HELP, print_scores, resolve_format, status_log, status_track
 
 app = typer.Typer()  # merged into the ``msb`` app by :mod:`msb.cli.app`
 
 __all__ = ["score", "print_six_metric_table"]
 
 
-def print_six_metric_table(metrics_paths: List[Path], out_dir: Path) -> list[Path]:
-    """Build the LEGACY six-metric table from ``metrics.parquet`` files, print it (Markdown) and write it
-    (CSV, LaTeX, Markdown) into ``out_dir``; returns the written paths."""
+def print_six_metric_table(metrics_paths: List[Path], out_dir: Path, fmt: str = "table") -> list[Path]:
+    """Build the LEGACY six-metric table from ``metrics.parquet`` files, write it (CSV, LaTeX, Markdown) and
+    ``legacy_scores.csv`` into ``out_dir``, and print it as Markdown (one line per table row, never wrapped)
+    when ``fmt`` is ``table`` or ``markdown``; with ``csv`` / ``json`` stdout keeps the command's main table only
+    (the six-metric table is in the written files). Returns the written paths."""
     import pandas as pd
 
     from msb.analysis.report.legacy_table import legacy_scores, six_metric_table, write_six_metric_table
@@ -28,7 +31,8 @@ def print_six_metric_table(metrics_paths: List[Path], out_dir: Path) -> list[Pat
     scores = legacy_scores(pd.concat(frames, ignore_index=True))
     table = six_metric_table(scores)
     paths = write_six_metric_table(table, out_dir)
-    console.print(paths[2].read_text(encoding="utf-8"), highlight=False, markup=False)
+    if fmt in ("table", "markdown"):  # soft_wrap: a Markdown row wider than the terminal stays one line
+        console.print(paths[2].read_text(encoding="utf-8"), highlight=False, markup=False, soft_wrap=True)
     scores_path = out_dir / "legacy_scores.csv"
     from msb.utils.atomic import atomic_write_text
 
@@ -65,15 +69,18 @@ def score(pred_dir: Path = typer.Argument(..., help="Prediction folder: <id>.png
                                                               "write the six-metric table into OUT."),
           out: Path = typer.Option(Path("runs/scored"), help="Study folder receiving one run folder per "
                                                              "model x dataset."),
-          force: bool = typer.Option(False, help="Replace existing scored run folders.")) -> None:
+          force: bool = typer.Option(False, help="Replace existing scored run folders."),
+          format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """Score external predictions into run folders (counts, predictions, metrics) that reaggregate, metrics,
     report and significance read unchanged."""
-    from msb.analysis.counts.aggregate import reaggregate, render_scores_table
+    from msb.analysis.counts.aggregate import reaggregate
     from msb.analysis.counts.counts_io import read_counts_with_report
     from msb.config.metrics_schema import MetricsConfig
     from msb.evaluation.score import find_targets, score_target
     from msb.evaluation.score_io import Semantics
 
+    fmt = resolve_format(format)
+    log, track = status_log(fmt), status_track(fmt)  # stdout carries the tables only unless fmt is table
     sem = Semantics(semantics, threshold, scale, minmax, resize)  # type: ignore[arg-type]
     targets = find_targets(pred_dir, dataset, layout, model)
     command = "msb score " + " ".join(shlex.quote(a) for a in sys.argv[2:]) + ("" if force else " --force")
@@ -90,7 +97,7 @@ def score(pred_dir: Path = typer.Argument(..., help="Prediction folder: <id>.png
     df, report = read_counts_with_report([r.eval_dir / "counts.parquet" for r in results])
     for n in report.notes:
         log(n)
-    console.print(render_scores_table(reaggregate(df)))
+    print_scores(reaggregate(df), fmt)
     if legacy:
-        written = print_six_metric_table([r.eval_dir / "metrics.parquet" for r in results], out)
+        written = print_six_metric_table([r.eval_dir / "metrics.parquet" for r in results], out, fmt)
         log(f"LEGACY six-metric table written to {', '.join(str(p) for p in written)}")

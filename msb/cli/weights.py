@@ -10,10 +10,18 @@ import typer
 from rich.table import Table
 
 from msb.cli.common import console, log
+from msb.cli.format import FORMAT_HELP, emit_frame, resolve_format, status_log
+from msb.errors import MSBError
 
 weights_app = typer.Typer(no_args_is_help=True, help="ImageNet encoder weights: what each architecture needs, "
                                                      "pre-download for offline nodes.")
 app = weights_app  # ``msb weights``, added by :mod:`msb.cli.app`
+
+
+#: Columns of ``msb weights list`` (one row per file; one ``none published`` row per architecture without one).
+LIST_COLUMNS: tuple[str, ...] = ("config", "arch", "library", "repo / file", "revision", "cached SHA-256")
+#: The ``repo / file`` cell of an architecture whose encoder has no ImageNet weights known to timm/smp.
+NONE_PUBLISHED = "none published (encoder_weights: imagenet unavailable)"
 
 
 def _targets(names: List[str], configs: Path) -> list[tuple[str, str, Optional[str]]]:
@@ -53,22 +61,31 @@ def _targets(names: List[str], configs: Path) -> list[tuple[str, str, Optional[s
 def list_weights(names: List[str] = typer.Argument(None, help="Architecture configs, study YAMLs or arch names "
                                                               "(default: every config in configs/architectures)."),
                  configs: Path = typer.Option(Path("configs"), help="The configs root."),
-                 cache: Optional[Path] = typer.Option(None, help="HF_HOME to look in (default: the current one).")
-                 ) -> None:
-    """Show the ImageNet file each architecture needs (`encoder_weights: imagenet`) and whether it is cached."""
+                 cache: Optional[Path] = typer.Option(None, help="HF_HOME to look in (default: the current one)."),
+                 format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+    """Show the ImageNet file each architecture needs (`encoder_weights: imagenet`) and whether it is cached;
+    an architecture whose encoder has no published ImageNet weights is listed with "none published"."""
+    import pandas as pd
+
     from msb.models.pretrained import cache_dir, cached_path, imagenet_files
     from msb.utils.hashing import sha256_file
 
+    fmt = resolve_format(format)
     hub = (cache / "hub") if cache else cache_dir()
-    table = Table(title=f"ImageNet encoder files (hub cache {hub})")
-    for col in ("config", "arch", "library", "repo / file", "revision", "cached SHA-256"):
-        table.add_column(col)
+    rows = []
     for label, arch, encoder in _targets(names or [], configs):
-        for f in imagenet_files(arch, encoder):
+        try:
+            files = imagenet_files(arch, encoder)
+        except MSBError:  # e.g. smp lists no ImageNet weights for tu-mobilenetv3_small_100: a row says so
+            rows.append((label, arch, "-", NONE_PUBLISHED, "-", "-"))
+            continue
+        for f in files:
             p = cached_path(f, hub)
-            table.add_row(label, arch, f.library, f"{f.repo_id}/{f.filename}", (f.revision or "main")[:12],
-                          sha256_file(p) if p else "- (not cached)")
-    console.print(table)
+            rows.append((label, arch, f.library, f"{f.repo_id}/{f.filename}", (f.revision or "main")[:12],
+                         sha256_file(p) if p else "- (not cached)"))
+    emit_frame(pd.DataFrame(rows, columns=list(LIST_COLUMNS)), fmt, f"ImageNet encoder files (hub cache {hub})")
+    status_log(fmt)(f"{len({r[0] for r in rows})} architecture(s); "
+                    f"{sum(r[3] == NONE_PUBLISHED for r in rows)} without published ImageNet weights")
 
 
 @weights_app.command("fetch")

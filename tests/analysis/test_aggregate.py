@@ -272,7 +272,7 @@ def test_columnar_read_skips_optional_columns_but_not_checks_or_conflicts(tmp_pa
 
 
 def test_missing_path(tmp_path):
-    with pytest.raises(MSBError, match=r"nope\.parquet: counts file not found"):
+    with pytest.raises(MSBError, match=r"nope\.parquet: no such file or folder \(the path does not exist\)"):
         read_counts([tmp_path / "nope.parquet"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(MSBError, match="empty: folder contains no counts.parquet"):

@@ -178,7 +178,7 @@ def msb(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_audit_and_errors(planted: Path, tmp_path: Path) -> None:
     r = msb("audit", str(planted), "--out", str(tmp_path / "a"), "--apply-clusters", "--curated-out",
-            str(tmp_path / "cur"))
+            str(tmp_path / "cur"), "--format", "table")  # the human census ("3 / 4") and summary on stdout
     assert r.returncode == 0, r.stdout + r.stderr
     assert "near_duplicate" in r.stdout and "3 / 4" in r.stdout and "6 / 12" in r.stdout
     assert "12 of 12 rows kept (0 dropped), 8 row(s) regrouped" in " ".join(r.stdout.split())

@@ -20,7 +20,7 @@ from msb.errors import MSBError
 
 
 def run(*args: str):
-    return CliRunner().invoke(app, ["audit", *args], env={"COLUMNS": "200"})
+    return CliRunner().invoke(app, ["audit", *args, "--format", "table"], env={"COLUMNS": "200"})  # verdict last on stdout
 
 
 def last_line(r) -> str:

@@ -46,8 +46,8 @@ def find_counts_files(paths: list[str | os.PathLike] | str | os.PathLike) -> lis
         elif p.is_file():
             files.append(p)
         else:
-            raise MSBError(f"{p}: counts file not found; pass an existing {COUNTS_FILENAME} "
-                           f"file or a folder containing one")
+            raise MSBError(f"{p}: no such file or folder (the path does not exist); pass an existing "
+                           f"{COUNTS_FILENAME} file or a folder containing one")
     return files
 
 
