@@ -37,7 +37,8 @@ def _conftest():
 
 
 _C = _conftest()
-STUDY: dict[str, Any] = {"study": "s", "overrides": {"train": {"epochs": 2}}}
+# keep_resume_state: the full resume state (weights, optimizer, RNG) stays after training, as an older msb left it
+STUDY: dict[str, Any] = {"study": "s", "overrides": {"train": {"epochs": 2}, "checkpoint": {"keep_resume_state": True}}}
 
 
 def _msb(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
