@@ -291,6 +291,7 @@ def read_inner_val(path: str | Path, folds: pd.DataFrame) -> pd.DataFrame:
             raise MSBError(f"{path}: line {i + 2}: sample {sid!r} is not a training row of fold {j} in the folds "
                            f"file; delete {path.name} to redraw the inner selection split")
     df["fold"] = df["fold"].astype(np.int64)
+    df["sample_id"] = df["sample_id"].astype(str).astype(object)
     return df
 
 
