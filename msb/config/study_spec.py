@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from msb.config.layering import check_keys, deep_merge
 from msb.config.schema import RunConfig, StrictModel
@@ -151,6 +151,12 @@ class CrossValidationSpec(StrictModel):
     - ``include_test``: ``false`` (default): folds cover the non-test samples of ``data.split`` and every fold
       is evaluated on the same held-out test split; ``true``: folds cover every sample, there is no internal
       test split and only external datasets are evaluated.
+    - ``inner_val``: optional fraction in (0, 1). For each fold ``j`` about this fraction of fold ``j``'s
+      training rows (whole groups) becomes the split ``inner_val`` of the fold run's ``split.csv``, on which
+      its checkpoint is selected (``checkpoint.selection_split: inner_val``); the held-out fold stays ``val``.
+      Needed to score out-of-fold predictions (``final.test_split: val``) with ``final.checkpoint: best``.
+      Drawn once (:func:`msb.study.folds.assign_inner_val`) and kept in ``_study/<unit>/inner_val.csv``.
+      Left out of the dump (spec hash) while unset.
     """
 
     k: int = Field(ge=2)
@@ -158,6 +164,15 @@ class CrossValidationSpec(StrictModel):
     stratify: Optional[str] = None
     seed: Optional[int] = None
     include_test: bool = False
+    inner_val: Optional[float] = Field(None, gt=0.0, lt=1.0)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_inner_val(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``inner_val`` while unset (spec hashes of existing study folders stay as they were)."""
+        data = handler(self)
+        if isinstance(data, dict) and self.inner_val is None:
+            data.pop("inner_val", None)
+        return data
 
 
 class ExternalSpec(StrictModel):

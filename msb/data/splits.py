@@ -36,6 +36,9 @@ from msb.utils.atomic import atomic_write_bytes
 from msb.utils.csvio import read_user_csv
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+#: Values a split file may hold: :data:`SPLITS` plus ``inner_val``, the inner checkpoint-selection split of a
+#: cross-validation fold run (``cross_validation.inner_val``, :mod:`msb.study.folds`).
+SPLIT_FILE_VALUES: tuple[str, ...] = SPLITS + ("inner_val",)
 _MAX_LISTED = 10
 
 
@@ -151,7 +154,8 @@ def split_file_text(splits: pd.Series) -> str:
 
 
 def write_split_file(path: str | os.PathLike, splits: pd.Series) -> str:
-    """Write ``splits`` (index ``sample_id`` -> ``train``/``val``/``test``) as CSV atomically.
+    """Write ``splits`` (index ``sample_id`` -> ``train``/``val``/``test``, or ``inner_val`` in a
+    cross-validation fold run) as CSV atomically.
 
     Args:
         path: destination, e.g. ``runs/<study>/<run_id>/split.csv``.
@@ -161,12 +165,13 @@ def write_split_file(path: str | os.PathLike, splits: pd.Series) -> str:
         Hex SHA-256 of the written bytes (equal to ``msb.utils.hashing.sha256_file(path)``).
 
     Raises:
-        MSBError: a value not in train/val/test, or a duplicate sample id (nothing is written).
+        MSBError: a value not in train/val/test/inner_val, or a duplicate sample id (nothing is written).
     """
     vals = [str(v) for v in splits.to_numpy()]
-    bad = [f"{sid!r}: {v!r}" for sid, v in zip(splits.index, vals) if v not in SPLITS]
+    bad = [f"{sid!r}: {v!r}" for sid, v in zip(splits.index, vals) if v not in SPLIT_FILE_VALUES]
     if bad:
-        raise MSBError(f"cannot write split file {path}: invalid split value(s) {_listed(bad)}; use train/val/test.")
+        raise MSBError(f"cannot write split file {path}: invalid split value(s) {_listed(bad)}; use "
+                       f"train/val/test (or inner_val).")
     if pd.Index(splits.index).duplicated().any():
         raise MSBError(f"cannot write split file {path}: duplicate sample_id(s) in the split.")
     data = split_file_text(splits).encode("utf-8")
@@ -194,8 +199,8 @@ def read_split_file(path: str | os.PathLike, known_ids: Iterable[str] | None = N
         raise MSBError(f"split file {path}: header must be 'sample_id,split', got {','.join(df.columns)!r}.")
     problems = []
     for i, (sid, s) in enumerate(zip(df["sample_id"], df["split"])):
-        if s not in SPLITS:
-            problems.append(f"line {i + 2} (sample_id {sid!r}): split {s!r} is not train/val/test")
+        if s not in SPLIT_FILE_VALUES:
+            problems.append(f"line {i + 2} (sample_id {sid!r}): split {s!r} is not train/val/test/inner_val")
     dup = df["sample_id"].duplicated(keep="first")
     for i in np.flatnonzero(dup.to_numpy()):
         problems.append(f"line {i + 2}: duplicate sample_id {df['sample_id'].iat[i]!r}")

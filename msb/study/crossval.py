@@ -7,6 +7,12 @@ run folder ``<selected run id>-fold<j>``: the selected config, ``split.csv`` fro
 it is trained, evaluated on ``final.test_split`` and on every external set (:mod:`msb.study.evaluate`). Each fold
 is an optuna work item of the study ``<study>/<unit>/cv/...``.
 
+With ``cross_validation.inner_val`` each fold run selects its checkpoint on an inner split of its own training
+rows (``inner_val`` in its ``split.csv``, drawn once into ``_study/<unit>/inner_val.csv``,
+:func:`msb.study.folds.assign_inner_val`) instead of on the held-out fold: its config is the selected one with
+``checkpoint.selection_split: inner_val`` (so its ``config.sha256`` differs from the selected run's; the folder
+name ``<selected run id>-fold<j>`` does not).
+
 Reads: the prepared dataset, ``folds.csv``. Writes: ``_study/folds/<key>.csv``, ``folds.csv``, ``split.csv``, the fold
 run folders.
 """
@@ -21,14 +27,15 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from msb.config.generate import GeneratedRun, write_run_config
+from msb.config.generate import GeneratedRun, config_hash, write_run_config
 from msb.data.schema import PreparedDataset
 from msb.data.splits import resolve_splits, split_file_text, write_split_file
 from msb.engine.runner import train_run, write_manifest
 from msb.errors import MSBError
 from msb.study import coord
 from msb.study.evaluate import evaluate_final, run_manifest_extra
-from msb.study.folds import assign_folds, empty_mask_strata, fold_split, read_folds, write_folds
+from msb.study.folds import (INNER_SPLIT, assign_folds, assign_inner_val, empty_mask_strata, fold_split,
+                             read_folds, read_inner_val, write_folds, write_inner_val)
 from msb.study.manifest import read_json, write_json
 from msb.study.search import Selected
 from msb.study.units import StudyContext, StudyUnit, unit_lock, write_state
@@ -38,7 +45,7 @@ from msb.utils.hashing import sha256_file, sha256_json
 from msb.utils.locks import file_lock
 from msb.utils.progress import Logger
 
-__all__ = ["folds_key", "ensure_folds", "fold_run", "cross_validate"]
+__all__ = ["folds_key", "ensure_folds", "ensure_inner_val", "fold_run", "cross_validate"]
 
 
 def folds_key(u: StudyUnit, ds: PreparedDataset) -> str:
@@ -117,16 +124,52 @@ def ensure_folds(u: StudyUnit, ds: PreparedDataset, log: Logger) -> tuple[pd.Dat
     return folds, sha256_file(path)
 
 
-def fold_run(sel: Selected, j: int) -> GeneratedRun:
-    """Run ``<selected run id>-fold<j>`` with the selected config."""
+def ensure_inner_val(u: StudyUnit, folds: pd.DataFrame) -> pd.DataFrame | None:
+    """The inner selection split of every fold (``cross_validation.inner_val``), drawn once into
+    ``_study/<unit>/inner_val.csv`` (under the unit's ``folds`` lock) and read back on resume; None without
+    ``inner_val``.
+
+    Args:
+        u: the unit; folds: its folds table (:func:`ensure_folds`).
+
+    Returns:
+        DataFrame ``fold,sample_id`` or None.
+
+    Raises:
+        MSBError: a fold with fewer than two training groups; a damaged ``inner_val.csv``.
+    """
+    cv = u.spec.cross_validation
+    if cv is None or cv.inner_val is None:
+        return None
+    path = u.state_dir / "inner_val.csv"
+    with unit_lock(u, "folds"):
+        if not path.is_file():
+            seed = cv.seed if cv.seed is not None else u.cfg.data.split.seed
+            write_inner_val(path, assign_inner_val(folds, cv.inner_val, seed,
+                                                   where=f"{u.study_file} (cross_validation.inner_val)"))
+        return read_inner_val(path, folds)
+
+
+def fold_run(sel: Selected, j: int, inner_val: bool = False) -> GeneratedRun:
+    """Run ``<selected run id>-fold<j>`` with the selected config.
+
+    Args:
+        sel: the search outcome; j: fold number.
+        inner_val: the study has ``cross_validation.inner_val``: the config gets
+            ``checkpoint.selection_split: inner_val`` (and its own config hash).
+    """
     r = sel.final_run
-    return GeneratedRun(f"{r.run_id}-fold{j}", r.config, r.config_hash, r.dataset, r.architecture)
+    if not inner_val:
+        return GeneratedRun(f"{r.run_id}-fold{j}", r.config, r.config_hash, r.dataset, r.architecture)
+    cfg = r.config.model_copy(update={"checkpoint": r.config.checkpoint.model_copy(
+        update={"selection_split": INNER_SPLIT})})
+    return GeneratedRun(f"{r.run_id}-fold{j}", cfg, config_hash(cfg), r.dataset, r.architecture)
 
 
 def _prepare_fold_dir(u: StudyUnit, run: GeneratedRun, run_dir: Path, folds: pd.DataFrame, j: int,
-                      folds_sha: str) -> None:
+                      folds_sha: str, inner: pd.DataFrame | None = None) -> None:
     write_run_config(run, run_dir)
-    split = fold_split(folds, j)
+    split = fold_split(folds, j, inner)
     path = run_dir / "split.csv"
     if path.is_file():
         if path.read_text() != split_file_text(split):
@@ -150,6 +193,7 @@ def cross_validate(u: StudyUnit, sel: Selected, ds: PreparedDataset, ctx: StudyC
     cv = u.spec.cross_validation
     assert cv is not None
     folds, folds_sha = ensure_folds(u, ds, ctx.log)
+    inner = ensure_inner_val(u, folds)
     device = str(select_device(u.cfg.train.device))
     metric = u.cfg.checkpoint.metric
     name = coord.phase_study_name(u.spec.study, u.name, "cv", u.spec_hash, u.instance)
@@ -158,12 +202,12 @@ def cross_validate(u: StudyUnit, sel: Selected, ds: PreparedDataset, ctx: StudyC
 
     def work(trial: optuna.trial.Trial) -> None:
         j = int(trial.user_attrs["fold"])
-        run = fold_run(sel, j)
+        run = fold_run(sel, j, inner is not None)
         run_dir = u.root / run.run_id
         trial.set_user_attr("run_id", run.run_id)
         ctx.log(f"[{u.name}] fold {j + 1}/{cv.k} (trial {trial.number}) -> {run.run_id}")
         with unit_lock(u, run.run_id):
-            _prepare_fold_dir(u, run, run_dir, folds, j, folds_sha)
+            _prepare_fold_dir(u, run, run_dir, folds, j, folds_sha, inner)
             res = train_run(run, run_dir, ds, ctx.track, ctx.log)
             evaluate_final(u, run_dir, ds, ctx)
             write_manifest(run_dir, run, device, run_manifest_extra(u, j, folds_sha))

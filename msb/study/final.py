@@ -76,7 +76,7 @@ def finalize_folds(u: StudyUnit, sel: Selected, ds: PreparedDataset, ctx: StudyC
     fold_dirs = []
     with unit_lock(u, "finalize"):
         for j in range(cv.k):
-            run = fold_run(sel, j)
+            run = fold_run(sel, j, cv.inner_val is not None)
             run_dir = u.root / run.run_id
             with unit_lock(u, run.run_id):
                 paths = evaluate_final(u, run_dir, ds, ctx)  # skipped when done; new external sets are added
@@ -100,7 +100,8 @@ def finalize_folds(u: StudyUnit, sel: Selected, ds: PreparedDataset, ctx: StudyC
                         "members": [d.name for d in fold_dirs],
                         "counts": [str(p.relative_to(u.root)) for p in paths]}
             if paths:
-                write_json(ens_dir / "manifest.json", {**ens_info, "config_hash": sel.final_run.config_hash,
+                members_hash = fold_run(sel, 0, cv.inner_val is not None).config_hash  # the folds' config
+                write_json(ens_dir / "manifest.json", {**ens_info, "config_hash": members_hash,
                                                        "folds_sha256": folds_sha, "spec_hash": u.spec_hash,
                                                        "versions": package_versions(), "device": device})
                 outcomes.append(RunOutcome(ens_id, ens_dir, None, paths))

@@ -25,6 +25,14 @@ the raw group value (empty when none), ``stratum`` the stratum label (empty with
 an integer in ``0..k-1`` or ``-1`` (held-out test / not cross-validated). Its SHA-256 is stored in the study
 manifest. The split of fold ``j`` (:func:`fold_split`): ``val`` = fold ``j`` (checkpoint selection on the
 held-out fold), ``train`` = the other folds, ``test`` = fold ``-1``.
+
+Inner selection split (``cross_validation.inner_val: f``, :func:`assign_inner_val`): for each fold ``j`` the
+groups of its training rows (folds ``!= j``, ``>= 0``; the group rule above, read from ``folds.csv``) are
+sorted, permuted by ``numpy.random.default_rng([seed, j])`` and cut where the cumulative sample count is
+closest to ``round(f * n_train)`` (at least one group on each side). Those rows are ``inner_val`` in fold
+``j``'s split (checkpoint selection there), the rest ``train``; fold ``j`` stays ``val`` (the scored
+out-of-fold split), fold ``-1`` ``test``. Persisted as ``inner_val.csv`` (``fold,sample_id``, by fold, then
+``folds.csv`` row order).
 """
 
 from __future__ import annotations
@@ -41,9 +49,13 @@ from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
 
-__all__ = ["FOLDS_COLUMNS", "assign_folds", "write_folds", "read_folds", "fold_split", "empty_mask_strata"]
+__all__ = ["FOLDS_COLUMNS", "INNER_COLUMNS", "INNER_SPLIT", "assign_folds", "write_folds", "read_folds",
+           "fold_split", "empty_mask_strata", "assign_inner_val", "write_inner_val", "read_inner_val"]
 
 FOLDS_COLUMNS: tuple[str, ...] = ("sample_id", "group", "stratum", "fold")
+INNER_COLUMNS: tuple[str, ...] = ("fold", "sample_id")
+#: Name of the inner checkpoint-selection split in a fold run's ``split.csv`` (``cross_validation.inner_val``).
+INNER_SPLIT = "inner_val"
 
 
 def _group_keys(pool: pd.DataFrame, group_column: str | None, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -174,16 +186,113 @@ def read_folds(path: str | Path, known_ids: Sequence[str] | None = None) -> pd.D
     return df
 
 
-def fold_split(folds: pd.DataFrame, j: int) -> pd.Series:
-    """Split of fold ``j``: ``val`` for fold ``j``, ``train`` for the other folds, ``test`` for fold -1.
+def fold_split(folds: pd.DataFrame, j: int, inner: pd.DataFrame | None = None) -> pd.Series:
+    """Split of fold ``j``: ``val`` for fold ``j``, ``train`` for the other folds, ``test`` for fold -1; with
+    ``inner`` (the table of :func:`assign_inner_val`), fold ``j``'s inner rows are :data:`INNER_SPLIT` instead
+    of ``train``.
+
+    Args:
+        folds: the folds table (:data:`FOLDS_COLUMNS`).
+        j: fold number, ``0..k-1``.
+        inner: ``fold,sample_id`` rows of the inner selection splits, or None (no inner split).
 
     Returns:
         ``pd.Series`` (index ``sample_id``, name ``split``) in the table's row order.
     """
     f = folds["fold"].to_numpy()
     split = np.where(f == j, "val", np.where(f >= 0, "train", "test")).astype(object)
+    if inner is not None:
+        ids = set(inner.loc[inner["fold"] == j, "sample_id"].astype(str))
+        split[folds["sample_id"].astype(str).isin(ids).to_numpy() & (split == "train")] = INNER_SPLIT
     return pd.Series(split, index=pd.Index(folds["sample_id"].astype(str).to_numpy(), name="sample_id"),
                      name="split", dtype=object)
+
+
+def _fold_keys(folds: pd.DataFrame) -> np.ndarray:
+    """Group key per row of a folds table: ``g:<group>`` when the group cell is set, else ``s:<sample_id>``."""
+    sids = folds["sample_id"].astype(str).to_numpy()
+    raw = folds["group"].fillna("").astype(str).str.strip().to_numpy()
+    return np.array([f"g:{g}" if g else f"s:{sid}" for g, sid in zip(raw, sids)], dtype=object)
+
+
+def assign_inner_val(folds: pd.DataFrame, fraction: float, seed: int, where: str = "folds.csv") -> pd.DataFrame:
+    """Draw the inner checkpoint-selection split of every fold from its training rows, by whole groups
+    (module docstring).
+
+    Args:
+        folds: the folds table (:data:`FOLDS_COLUMNS`, any row order; groups as written by :func:`assign_folds`).
+        fraction: target share of a fold's training rows, ``0 < fraction < 1``.
+        seed: the fold seed (``cross_validation.seed`` or ``data.split.seed``).
+        where: file/key named in error messages.
+
+    Returns:
+        DataFrame ``fold,sample_id`` (:data:`INNER_COLUMNS`): by fold, then ``folds`` row order.
+
+    Raises:
+        MSBError: ``fraction`` outside (0, 1), or a fold whose training rows hold fewer than two groups.
+    """
+    if not 0.0 < float(fraction) < 1.0:
+        raise MSBError(f"{where}: cross_validation.inner_val must lie strictly between 0 and 1, got {fraction!r}")
+    f = folds["fold"].to_numpy()
+    keys = _fold_keys(folds)
+    sids = folds["sample_id"].astype(str).to_numpy()
+    rows: list[tuple[int, str]] = []
+    for j in range(int(f.max()) + 1 if len(f) else 0):
+        train = (f >= 0) & (f != j)
+        uniq, sizes = np.unique(keys[train], return_counts=True)
+        if len(uniq) < 2:
+            raise MSBError(f"{where}: fold {j} has {len(uniq)} training group(s); cross_validation.inner_val needs "
+                           f"at least 2 (one for selection, one for training); lower cross_validation.k or remove "
+                           f"inner_val")
+        perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, j]).permutation(len(uniq))
+        cum = np.cumsum(sizes[perm])
+        target = round(float(fraction) * int(train.sum()))
+        cut = int(np.argmin(np.abs(cum[:-1] - target))) + 1  # groups perm[:cut]; >= 1 left for training
+        chosen = set(uniq[perm[:cut]])
+        rows += [(j, s) for s, k, t in zip(sids, keys, train) if t and k in chosen]
+    return pd.DataFrame(rows, columns=list(INNER_COLUMNS)).astype({"fold": np.int64, "sample_id": object})
+
+
+def write_inner_val(path: str | Path, inner: pd.DataFrame) -> Path:
+    """Write ``inner_val.csv`` (``fold,sample_id``, ``\n`` line ends) atomically. Returns the path."""
+    buf = io.StringIO()
+    inner[list(INNER_COLUMNS)].to_csv(buf, index=False, lineterminator="\n")
+    atomic_write_text(path, buf.getvalue())
+    return Path(path)
+
+
+def read_inner_val(path: str | Path, folds: pd.DataFrame) -> pd.DataFrame:
+    """Read ``inner_val.csv`` and check it against the folds table.
+
+    Args:
+        path: the file written by :func:`write_inner_val`.
+        folds: the unit's folds table.
+
+    Returns:
+        DataFrame ``fold,sample_id``.
+
+    Raises:
+        MSBError: unreadable file, wrong header, or a row that is not a training row of its fold (in the
+            held-out fold, the test split, or unknown); the message says to delete the file.
+    """
+    path = Path(path)
+    try:
+        df = pd.read_csv(path, dtype={"sample_id": str}, keep_default_na=False)
+    except Exception as exc:  # noqa: BLE001 - any parse error is a user-facing problem with this file
+        raise MSBError(f"{path}: cannot read the inner selection split ({exc}); delete it to redraw it") from None
+    if list(df.columns) != list(INNER_COLUMNS):
+        raise MSBError(f"{path}: header must be {','.join(INNER_COLUMNS)}, got {','.join(map(str, df.columns))}; "
+                       f"delete it to redraw it")
+    fold_of = dict(zip(folds["sample_id"].astype(str), folds["fold"].astype(int)))
+    valid = {str(x) for x in range(int(folds["fold"].max()) + 1)}
+    for i, (j, sid) in enumerate(zip(df["fold"], df["sample_id"])):
+        fj = fold_of.get(str(sid))
+        if str(j) not in valid or fj is None or fj < 0 or str(fj) == str(j):
+            raise MSBError(f"{path}: line {i + 2}: sample {sid!r} is not a training row of fold {j} in the folds "
+                           f"file; delete {path.name} to redraw the inner selection split")
+    df["fold"] = df["fold"].astype(np.int64)
+    df["sample_id"] = df["sample_id"].astype(str).astype(object)
+    return df
 
 
 def empty_mask_strata(ds, sample_ids: Sequence[str]) -> pd.Series:

@@ -30,8 +30,8 @@ from msb.utils.hashing import sha256_json
 from msb.utils.locks import file_lock
 from msb.utils.progress import Logger, Tracker, no_log, no_track
 
-__all__ = ["StudyUnit", "StudyContext", "study_units", "check_spec", "unit_lock", "prepare_lock", "write_state",
-           "study_lock"]
+__all__ = ["StudyUnit", "StudyContext", "study_units", "check_spec", "check_selection_split", "unit_lock",
+           "prepare_lock", "write_state", "study_lock"]
 
 
 @dataclass
@@ -126,6 +126,7 @@ def study_units(study_path: str | Path, run_root: str | None = None,
         name = f"{run.dataset}-{run.architecture}" + (f"-{axes_slug(cfg.axes)}" if cfg.axes else "")
         u = StudyUnit(spec, study_path, configs_root, run, root, name, root / "_study" / name)  # type: ignore[arg-type]
         _validate_search(u)
+        check_selection_split(u)
         u.spec_hash = sha256_json({
             "search": spec.search.model_dump(mode="json") if spec.search else None,
             "cross_validation": spec.cross_validation.model_dump(mode="json") if spec.cross_validation else None,
@@ -155,6 +156,43 @@ def _validate_search(u: StudyUnit) -> None:
                 samples.append({name: int(v) if d.type == "int" else v})
     for p in samples:
         apply_params(u.cfg, p, str(u.study_file), extra)
+
+
+def check_selection_split(u: StudyUnit) -> None:
+    """Refuse a unit whose evaluated runs would select their ``best`` checkpoint on the split they are scored on
+    (``evaluation.checkpoint`` ``best``/``both`` and ``evaluation.split`` equal to the selection split): e.g.
+    ``final: {test_split: val, checkpoint: best}`` with cross-validation, where ``val`` is the held-out fold.
+    Fold runs of a study with ``cross_validation.inner_val`` select on ``inner_val`` and pass.
+
+    Search trials are not checked: they are never evaluated (no counts); their objective is the selection
+    metric on the run config's ``val`` by design (hyperparameter selection). Without cross-validation the best
+    trial's run is the final run and is checked here like any final run.
+
+    Args:
+        u: the unit (its run config carries ``final.*`` as ``evaluation.*``).
+
+    Raises:
+        MSBError: one line naming the study file, the scored-split key, ``checkpoint.selection_split`` and the
+            fixes (``final.checkpoint: latest``; ``cross_validation.inner_val: FRACTION``).
+    """
+    cfg, final, cv = u.cfg, u.spec.final, u.spec.cross_validation
+    if cfg.evaluation.checkpoint not in ("best", "both"):
+        return
+    if cv is not None and cv.inner_val is not None:
+        return  # fold runs select on inner_val (msb.study.crossval.fold_run)
+    if cv is not None and cv.include_test and cfg.evaluation.split == "test":
+        return  # no internal evaluation (msb.study.evaluate.internal_eval_enabled)
+    sel = cfg.checkpoint.selection_split
+    if cfg.evaluation.split.strip().lower() != sel.strip().lower():
+        return
+    scored = "final.test_split" if final is not None and final.test_split is not None else "evaluation.split"
+    which = "final.checkpoint" if final is not None and final.checkpoint is not None else "evaluation.checkpoint"
+    fix = ("set cross_validation.inner_val: FRACTION (e.g. 0.2) to select on an inner split of each fold's "
+           "training rows" if cv is not None else "score another split (final.test_split: test)")
+    raise MSBError(f"{u.study_file}: {scored}: {cfg.evaluation.split} and checkpoint.selection_split: {sel} "
+                   f"(unit {u.name}): with {which}: {cfg.evaluation.checkpoint} every run would be scored on the "
+                   f"split its checkpoint was selected on (optimistic scores); set final.checkpoint: latest, or "
+                   f"{fix}")
 
 
 def check_spec(u: StudyUnit) -> None:

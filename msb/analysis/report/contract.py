@@ -362,19 +362,70 @@ def reporting_checklist(runs: Sequence[RunInfo], counts: pd.DataFrame, scores: p
         "Uncertainty (confidence intervals) reported", n_boot > 0,
         f"image-level percentile bootstrap, {n_boot} replicates" if n_boot > 0
         else "bootstrap disabled (0 replicates)"))
-    items.append(_test_selection_item(runs))
+    items.append(_test_selection_item(runs, counts))
     return items
 
 
-def _test_selection_item(runs: Sequence[RunInfo]) -> ChecklistItem:
-    """FAIL when a run selected a checkpoint on the split named ``test`` (only ``recipe: official`` allows it, to
-    reproduce official scripts that do; the evidence names those runs and their recipe)."""
-    on_test = []
+def _scored_splits(r: RunInfo, counts: pd.DataFrame | None) -> dict[str, set[str]]:
+    """Checkpoint role -> splits of the run's own dataset it was scored on: from the ``counts`` rows of the run
+    (``split_policy`` ``external-only`` rows left out) and from ``evaluation/<role>/counts.parquet`` in its folder
+    (``evaluation/external/`` left out: another dataset's split is not this run's split)."""
+    out: dict[str, set[str]] = {}
+    frames = []
+    if counts is not None and {"run_id", "split", "checkpoint_role"} <= set(counts.columns):
+        rows = counts[counts["run_id"].astype(str) == r.run_id]
+        if "split_policy" in rows.columns:
+            rows = rows[rows["split_policy"].astype(str) != "external-only"]
+        frames.append(rows[["checkpoint_role", "split"]])
+    ev = r.run_dir / "evaluation"
+    for p in sorted(ev.glob("*/counts.parquet")) if ev.is_dir() else []:
+        try:
+            df = pd.read_parquet(p, columns=["split"])
+        except Exception:  # noqa: BLE001 - an unreadable file is reported by the counts reader, not here
+            continue
+        frames.append(pd.DataFrame({"checkpoint_role": p.parent.name, "split": df["split"]}))
+    for f in frames:
+        for role, split in set(zip(f["checkpoint_role"].astype(str), f["split"].astype(str))):
+            out.setdefault(role, set()).add(split.strip().lower())
+    return out
+
+
+def _test_selection_item(runs: Sequence[RunInfo], counts: pd.DataFrame | None = None) -> ChecklistItem:
+    """The item "Checkpoint selected without the test split": FAIL when a run selected a checkpoint on the split named
+    ``test`` (only ``recipe: official`` allows it, to reproduce official scripts that do; the evidence names those
+    runs and their recipe), or when a run's selected checkpoint (any role but ``latest``) was scored on the very
+    split it was selected on (its ``records.json`` ``selection_split`` equals a split of its counts rows, e.g.
+    out-of-fold predictions on ``val`` with ``best`` selected on ``val``; docs/studies.md ``inner_val``).
+
+    Runs without counts (search trials) are checked for the ``test`` selection only: they are not scored.
+
+    Args:
+        runs: the study's runs (every run folder below the study folder, trials included).
+        counts: the study's counts rows (``run_id``, ``split``, ``checkpoint_role``, ``split_policy``), or None:
+            then only each run's ``evaluation/<role>/counts.parquet`` is read.
+
+    Returns:
+        The checklist item, with the offending runs named in its evidence.
+    """
+    on_test, on_scored = [], []
     for r in runs:
+        scored = _scored_splits(r, counts)
         for role, rec in sorted(r.records.items()):
-            if isinstance(rec, dict) and str(rec.get("selection_split", "")).strip().lower() == "test":
+            if not isinstance(rec, dict):
+                continue
+            sel = str(rec.get("selection_split", "")).strip().lower()
+            if sel == "test":
                 on_test.append(f"{r.run_id} ({role}, recipe: {r.config.get('recipe', 'controlled')})")
+            elif role != "latest" and sel and sel in scored.get(role, set()):
+                on_scored.append(f"{r.run_id} ({role} selected on '{sel}' and scored on '{sel}')")
+    problems = []
+    if on_test:
+        problems.append("selected ON THE TEST SPLIT (scores on it are optimistic): " + "; ".join(on_test))
+    if on_scored:
+        problems.append("selected ON THE SPLIT IT IS SCORED ON (scores are optimistic; use "
+                        "cross_validation.inner_val or final.checkpoint: latest): " + "; ".join(on_scored))
     return ChecklistItem(
-        "Checkpoint selected without the test split", not on_test,
-        ("selected ON THE TEST SPLIT (scores on it are optimistic): " + "; ".join(on_test)) if on_test
-        else f"every recorded checkpoint of {len(runs)} run(s) selected on a split other than 'test'")
+        "Checkpoint selected without the test split", not problems,
+        " | ".join(problems) if problems
+        else f"every recorded checkpoint of {len(runs)} run(s) selected on a split other than 'test' and other "
+             f"than the split it was scored on")
