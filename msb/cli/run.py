@@ -28,7 +28,7 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
     runs = generate_runs(study, excluded)
     for e in excluded:
         log(f"excluded {e['unit']}: {e['reason']}")
-    table = Table(title=f"runs of {study}")
+    table, written = Table(title=f"runs of {study}"), []
     for col in ("run_id", "dataset", "architecture", "config_hash", "folder"):
         table.add_column(col)
     for r in runs:
@@ -36,7 +36,12 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
         folder = study_dir(cfg) / r.run_id
         write_run_config(r, folder)
         table.add_row(r.run_id, r.dataset, r.architecture, r.config_hash[:16], str(folder))
+        written.append(folder)
     console.print(table)
+    if written:
+        log(f"wrote {len(written)} config-only run folder(s) (config.yaml, config.sha256) under "
+            f"{written[0].parent}; `msb run {study}` trains them, `msb report` lists them as generated, not run "
+            f"until then; to remove them: rm -r {' '.join(str(w) for w in written)}")
 
 
 @app.command()

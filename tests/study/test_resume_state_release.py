@@ -53,3 +53,26 @@ def test_keep_resume_state_keeps_the_weights(tmp_path: Path, make_project, msb_c
     state = load_state(rd)
     best = torch.load(rd / "checkpoints" / "latest.pt", weights_only=True)["model"]
     assert state["finished"] and all(torch.equal(state["model"][k], best[k]) for k in best)
+
+
+def test_generated_folders_are_listed_once_and_fail_no_check(tmp_path: Path, make_project, msb_cli):
+    """`msb generate` beside an evaluated run (a preview of a changed config): the report lists the
+    config-only folder once as "generated, not run" and no checklist item fails because of it."""
+    import yaml
+
+    study = _study(tmp_path, make_project, None)
+    assert msb_cli("run", str(study)).returncode == 0
+    spec = yaml.safe_load(study.read_text())
+    spec["overrides"]["train"]["epochs"] = 3  # another config hash: another run folder
+    study.write_text(yaml.safe_dump(spec))
+    g = msb_cli("generate", str(study))
+    assert g.returncode == 0 and "config-only run folder(s)" in g.stdout + g.stderr and "rm -r" in g.stdout + g.stderr
+    new = [d for d in (tmp_path / "runs" / "d").iterdir() if d.is_dir() and not d.name.startswith("_")
+           and not (d / "evaluation").exists()]
+    assert len(new) == 1
+    r = msb_cli("report", str(tmp_path / "runs" / "d"), "--analyses", "none", "--bootstrap", "50")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert out.count("generated, not run") == 1 and new[0].name in out
+    fails = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
+    assert not [ln for ln in fails if new[0].name in ln or "split.csv missing" in ln], fails
