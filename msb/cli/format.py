@@ -152,7 +152,7 @@ def print_leaderboards(counts, out_dir: Path, fmt: str = "table", setting=None) 
                  f"replicates over images)")
         t = Table(title=title)
         for c in lb.table.columns:
-            t.add_column(str(c), no_wrap=c in ("rank", "system", "images"), justify="right" if c != "system" else "left")
+            t.add_column(str(c), no_wrap=True, justify="right" if c != "system" else "left")  # narrow: row blocks
         for row in lb.table.itertuples(index=False):
             t.add_row(*(str(v) for v in row))
         emit_frame(lb.table, fmt, title, t)

@@ -152,7 +152,8 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     study = _write_project()(root, {"study": "e2e", "overrides": {"evaluation": {
         "checkpoint": "both", "compute_metrics": False, "metrics": {"hd_convention": "medpy"}}}})
-    r = msb("run", str(study), "--format", "table")  # the terminal tables (stdout is a pipe here: csv by default)
+    # the terminal tables (stdout is a pipe here: csv by default); --verbose: the full scores table too
+    r = msb("run", str(study), "--format", "table", "--verbose")
     assert r.returncode == 0, r.stdout + r.stderr
     run_dirs = [p for p in (root / "runs" / "e2e").iterdir() if (p / "config.yaml").is_file()]
     assert len(run_dirs) == 1
@@ -242,7 +243,7 @@ def test_metrics_command_hd95_matches_medpy(trained):
     root, _, rd, _ = trained
     data = root / "datasets" / "synthetic"
     assert not list(rd.glob("evaluation/*/metrics.parquet"))  # compute_metrics: false in the run config
-    r = msb("metrics", str(rd))
+    r = msb("metrics", str(rd), "--format", "table")  # the terminal tables (piped stdout is csv by default)
     assert r.returncode == 0, r.stdout + r.stderr
     n_checked = 0
     tables = _printed_tables(r.stdout)
@@ -304,7 +305,7 @@ def test_evaluate_external_dataset(trained):
     project folder): 6 synthetic 40x40 frames, prepared on first use. Rows = images x foreground classes, all
     labelled with the external name; counts recounted from the stored predictions and the external masks."""
     root, _, rd, _ = trained
-    r = msb("evaluate", str(rd), "--external", "synth_ext", cwd=root)
+    r = msb("evaluate", str(rd), "--external", "synth_ext", "--format", "table", cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
     ext_dir = rd / "evaluation" / "external" / "synth_ext" / "best"
     counts = pd.read_parquet(ext_dir / "counts.parquet")
@@ -363,7 +364,7 @@ def test_models_lists_the_registry():
 
     r = msb("models")
     assert r.returncode == 0, r.stderr
-    table, tail = r.stdout.split("registry adapters: ")
+    table, tail = r.stdout, r.stderr.split("registry adapters: ")[1]  # piped: the csv on stdout, notes on stderr
     printed = tail.strip().split(", ")
     assert printed == available_architectures()
     assert {"unet", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "segformer", "g_cascade"} <= set(printed)

@@ -41,3 +41,30 @@ def test_scores_table_never_breaks_a_word(monkeypatch, width: int):
                 assert re.search(rf"^{re.escape(str(col))}\s+{re.escape(str(value))}$", block, re.M), (col, value)
     for word in ("global-micro", "image-macro", "segformer_b0_long_name"):
         assert word in out  # never folded across lines
+
+
+@pytest.mark.parametrize("width", [80, 160])
+def test_leaderboard_ci_cells_never_wrap(monkeypatch, width: int, tmp_path: Path):
+    """`msb run`'s closing leaderboard on an 80-column and a wide terminal: each "value [low, high]" cell stays on
+    one line, as the data holds it (a table too wide for the terminal is printed as one block per row)."""
+    import pandas as pd
+
+    import msb.cli.common as common
+    import msb.cli.format as fmt
+    from msb.analysis.report.leaderboard import study_leaderboards
+    from msb.config.analysis_schema import AnalysisConfig
+
+    counts = pd.concat([make_counts(), make_counts(run_id="r2", model="segformer_b0_long_name_for_width")],
+                       ignore_index=True)
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, force_terminal=True, color_system=None)
+    monkeypatch.setattr(fmt, "console", con)
+    monkeypatch.setattr(common, "console", con)
+    monkeypatch.setattr(fmt, "log", lambda m: con.print(m, soft_wrap=True, markup=False, highlight=False))
+    setting = AnalysisConfig(bootstrap=50)
+    fmt.print_leaderboards(counts, tmp_path, "table", setting)
+    out = buf.getvalue()
+    (board,) = study_leaderboards(counts, setting)
+    cells = [v for c in board.table.columns if "CI" in str(c) for v in board.table[c].astype(str)]
+    assert cells and all(cell in out for cell in cells), (cells, out)
+    assert "statistics setting: 50 percentile bootstrap replicates" in out

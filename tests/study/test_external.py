@@ -116,7 +116,7 @@ def test_cli_evaluate_external(trained_run, msb_cli):
     root, run_dir, ds, masks = trained_run
     r = msb_cli("evaluate", str(run_dir), "--external", str(root / "three"), "--class-map", "1=1,2")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "already done" in r.stdout  # same checkpoint, dataset, samples and mapping as the test above
+    assert "already done" in r.stderr  # (status lines: stderr when stdout is data) same checkpoint, dataset, samples and mapping as the test above
     df = pd.read_parquet(run_dir / "evaluation" / "external" / "three" / "best" / "counts.parquet")
     assert set(df["dataset"]) == {"three"}
     r = msb_cli("evaluate", str(run_dir), "--external", str(root / "three"))
