@@ -7,6 +7,8 @@
                                                    # they vary; printed, for the README's sentence on variation)
     python scripts/docs_outputs.py --disk-table    # only docs/studies.md's bytes-per-run table (every shipped
                                                    # architecture config built at 1 class, files serialised)
+    python scripts/docs_outputs.py --audit [--check]   # only docs/audit.md's verdict lines (shared Kvasir-SEG)
+                                                       # and the require_audit refusal (synthetic project)
 
 The block sits between ``<!-- docs-output: quickstart -->`` and ``<!-- /docs-output -->`` in README.md: the end of
 ``msb run configs/study.yaml`` as a terminal of 100 columns shows it (the leaderboard, the paired comparison, the
@@ -74,22 +76,106 @@ def quickstart_block(work: Path) -> str:
     return closing_block(run_quickstart(work))
 
 
-def readme_block(text: str) -> str:
-    """The generated block of README.md's text (between the markers, without the code fence).
+def readme_block(text: str, begin: str = BEGIN) -> str:
+    """The generated block after the marker ``begin`` (``<!-- docs-output: NAME -->``) up to ``END``, without the
+    code fence.
 
     Raises:
         ValueError: the markers are missing.
     """
-    m = re.search(re.escape(BEGIN) + r"\n```text\n(.*?)```\n" + re.escape(END), text, re.S)
+    m = re.search(re.escape(begin) + r"\n```text\n(.*?)```\n" + re.escape(END), text, re.S)
     if m is None:
-        raise ValueError(f"{README}: no block between {BEGIN} and {END}")
+        raise ValueError(f"no block between {begin} and {END}")
     return m.group(1)
 
 
-def replace_block(text: str, block: str) -> str:
-    """README.md's text with the generated block replaced by ``block``."""
-    return re.sub(re.escape(BEGIN) + r"\n```text\n.*?```\n" + re.escape(END),
-                  lambda _: f"{BEGIN}\n```text\n{block}```\n{END}", text, flags=re.S)
+def replace_block(text: str, block: str, begin: str = BEGIN) -> str:
+    """``text`` with the generated block after ``begin`` replaced by ``block``."""
+    return re.sub(re.escape(begin) + r"\n```text\n.*?```\n" + re.escape(END),
+                  lambda _: f"{begin}\n```text\n{block}```\n{END}", text, flags=re.S)
+
+
+AUDIT_DOC = REPO / "docs" / "audit.md"
+AUDIT_KVASIR, AUDIT_GATE = "<!-- docs-output: audit-kvasir -->", "<!-- docs-output: audit-gate -->"
+
+
+def _msb(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(WIDTH), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "msb", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=3600)
+
+
+def audit_kvasir_block(work: Path, shared: Path = REPO.parent / "shared") -> str:
+    """The three verdict lines of docs/audit.md: the shared Kvasir-SEG (1,000 frames) prepared with
+    ``msb data prepare kvasir-seg``, audited with ``--fail-on crossing-near-duplicate`` on a random split
+    (``resolve_splits(index, "random", 0.2, 0.2, seed=0)``) and on the same split drawn by the converter's
+    ``group`` column, then without ``--fail-on``.
+
+    Raises:
+        FileNotFoundError: ``../shared/data/kvasir-seg`` is absent. RuntimeError: a command failed unexpectedly.
+    """
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO))
+    from msb.data.splits import resolve_splits
+
+    src = shared / "data" / "kvasir-seg"
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: the shared Kvasir-SEG is needed for the audit block")
+    work.mkdir(parents=True, exist_ok=True)
+    ds = work / "kvasir_seg"
+    r = _msb(["data", "prepare", "kvasir-seg", "--source", str(src), "--out", str(ds)], work)
+    if r.returncode != 0:
+        raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
+    index = pd.read_csv(ds / "index.csv", dtype=str, keep_default_na=False)
+    lines = []
+    for name, group, fail_on in (("random", None, True), ("grouped", "group", True), ("grouped", "group", False)):
+        split = resolve_splits(index, "random", 0.2, 0.2, seed=0, group_column=group)
+        f = work / f"split_{name}.csv"
+        pd.DataFrame({"sample_id": index["sample_id"], "split": split.to_numpy()}).to_csv(f, index=False)
+        args = ["audit", str(ds), "--split-file", str(f), "--out", str(work / f"audit_{name}_{fail_on}"),
+                "--format", "table"] + (["--fail-on", "crossing-near-duplicate"] if fail_on else [])
+        r = _msb(args, work)
+        if r.returncode not in (0, 3):
+            raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
+        lines.append([ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("audit verdict:")][-1])
+    return "\n".join(lines) + "\n"
+
+
+def audit_gate_block(work: Path) -> str:
+    """The refusal of ``data.require_audit`` in docs/audit.md: the tests' synthetic project (24 frames in 8
+    groups, ``tests/study/conftest.py::write_project``) with ``require_audit: [crossing-group]`` and an ungrouped
+    split; the one line ``msb run`` prints (exit 2), the temporary folder left out of the path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_conftest_docs", REPO / "tests" / "study" / "conftest.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    work.mkdir(parents=True, exist_ok=True)
+    study = conf.write_project(work, {"study": "gate", "overrides": {"data": {
+        "require_audit": ["crossing-group"], "split": {"group_column": None}}}})
+    r = _msb(["run", str(study)], work)
+    if r.returncode != 2:
+        raise RuntimeError(f"expected exit 2, got {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}")
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")][-1]
+    return line.replace(str(work) + os.sep, "") + "\n"
+
+
+def _audit_blocks(check: bool) -> bool:
+    """Regenerate (or, with ``check``, compare) docs/audit.md's two blocks; True when they match. The audit
+    folder's digest covers file modification times, so the gate line is compared with it masked."""
+    text = AUDIT_DOC.read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory(prefix="msb-docs-audit-") as tmp:
+        kv = audit_kvasir_block(Path(tmp) / "k")
+        gate = audit_gate_block(Path(tmp) / "g")
+    mask = lambda b: re.sub(r"audits/[0-9a-f]{16}", "audits/<digest>", b)  # noqa: E731
+    same = (readme_block(text, AUDIT_KVASIR) == kv and mask(readme_block(text, AUDIT_GATE)) == mask(gate))
+    if not check:
+        AUDIT_DOC.write_text(replace_block(replace_block(text, kv, AUDIT_KVASIR), gate, AUDIT_GATE), encoding="utf-8")
+        print(f"{AUDIT_DOC}: audit blocks rewritten")
+    else:
+        print(f"{AUDIT_DOC}: audit blocks {'identical to' if same else 'DIFFER from'} fresh runs")
+    return same
 
 
 STUDIES = REPO / "docs" / "studies.md"
@@ -156,10 +242,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="*", default=None, help="also run these random seeds and print "
                                                                          "their leaderboard rows")
     ap.add_argument("--disk-table", action="store_true", help="only rewrite docs/studies.md's bytes-per-run table")
+    ap.add_argument("--audit", action="store_true", help="only docs/audit.md's blocks (needs ../shared; minutes)")
     args = ap.parse_args(argv)
     if args.disk_table:
         _write_disk_table()
         return 0
+    if args.audit:
+        return 0 if _audit_blocks(args.check) or not args.check else 1
     with tempfile.TemporaryDirectory(prefix="msb-docs-") as tmp:
         block = quickstart_block(Path(tmp))
     text = README.read_text(encoding="utf-8")

@@ -12,6 +12,7 @@ import signal
 import sys
 
 import typer
+from rich.markup import escape
 
 from msb.cli import (audit, checkpoints, contrasts, data, evaluate, explain, metrics, models, profile, reaggregate, report, run, score,
                      weights)
@@ -88,7 +89,7 @@ def main() -> None:
     except MSBError as exc:
         if _state["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)  # [..] is text
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         _interrupted()

@@ -40,3 +40,12 @@ def test_python_dash_m_msb_and_the_console_script_agree():
         return [ln for ln in s.splitlines() if "Usage:" not in ln]
 
     assert body(a.stdout) == body(b.stdout) and "run" in a.stdout
+
+
+def test_error_line_keeps_square_brackets(tmp_path):
+    # an MSBError whose text holds "[...]" (a check name, a path) is printed as text, not eaten as rich markup
+    missing = tmp_path / "no[crossing-group]" / "counts.parquet"
+    r = subprocess.run([sys.executable, "-m", "msb", "reaggregate", str(missing)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and str(missing) in r.stderr, r.stderr
+    assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
