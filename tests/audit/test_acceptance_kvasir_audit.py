@@ -78,7 +78,7 @@ def test_kvasir_random_split_fails_group_aware_split_passes(kvasir_slice: Path, 
 
     runner = CliRunner()
     r = runner.invoke(app, ["audit", str(kvasir_slice), "--split-file", str(tmp_path / "random.csv"), "--out",
-                            str(tmp_path / "a_random"), "--fail-on", "crossing-near-duplicate"])
+                            str(tmp_path / "a_random"), "--fail-on", "crossing-near-duplicate", "--format", "table"])
     assert r.exit_code == 3, r.stdout
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith(f"audit verdict: FAIL — {n_cross} of 5 near-duplicate groups cross the split")
@@ -90,7 +90,7 @@ def test_kvasir_random_split_fails_group_aware_split_passes(kvasir_slice: Path, 
     assert check["side_pairs"] == by_pair and check["crossing_rows"] == 2 * n_cross
 
     r = runner.invoke(app, ["audit", str(kvasir_slice), "--split-file", str(tmp_path / "grouped.csv"), "--out",
-                            str(tmp_path / "a_grouped"), "--fail-on", "crossing-near-duplicate"])
+                            str(tmp_path / "a_grouped"), "--fail-on", "crossing-near-duplicate", "--format", "table"])
     assert r.exit_code == 0, r.stdout
     assert r.stdout.strip().splitlines()[-1] == ("audit verdict: PASS — 0 of 5 near-duplicate groups cross the "
                                                  "split, 0 of 100 rows [crossing-near-duplicate]")

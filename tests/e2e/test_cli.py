@@ -205,9 +205,9 @@ def test_run_evaluate_reaggregate_chain(trained):
     # msb evaluate: reload the best checkpoint (SHA-256 verified) and write the same counts again
     done = rd / "evaluation" / "best" / "DONE"
     done_before = done.stat().st_mtime_ns
-    r3 = msb("evaluate", str(rd), "--checkpoint", "best", "--force")
+    r3 = msb("evaluate", str(rd), "--checkpoint", "best", "--force", "--format", "table")
     assert r3.returncode == 0, r3.stdout + r3.stderr
-    assert "already done" not in r3.stdout and done.stat().st_mtime_ns != done_before  # really re-evaluated
+    assert "already done" not in r3.stdout + r3.stderr and done.stat().st_mtime_ns != done_before  # really re-evaluated
     again = pd.read_parquet(rd / "evaluation" / "best" / "counts.parquet")
     key = ["image_id", "class_id"]
     pd.testing.assert_frame_equal(again.sort_values(key).reset_index(drop=True),

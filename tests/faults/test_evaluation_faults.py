@@ -176,7 +176,7 @@ def test_killed_external_reevaluation_keeps_the_old_one(project: Path, tmp_path:
     assert tree_hashes(rd) == before
     r = msb("evaluate", str(rd), "--external", "synth_ext", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "already done, skipped" in r.stdout and leftovers(rd) == [] and tree_hashes(rd) == before
+    assert "already done, skipped" in r.stderr and leftovers(rd) == [] and tree_hashes(rd) == before  # status: stderr
 
 
 def _ensemble_members(root: Path) -> list[Path]:
