@@ -19,18 +19,23 @@ from msb.errors import MSBError
 __all__ = ["architecture_catalog", "architecture_model_configs"]
 
 
-def architecture_catalog(configs_root: Path, params: bool = False) -> pd.DataFrame:
+def architecture_catalog(configs_root: Path, params: bool = False, num_classes: int = 3,
+                         gmacs_at: tuple[int, ...] = ()) -> pd.DataFrame:
     """One row per architecture config.
 
     Args:
         configs_root: folder with ``global.yaml`` and ``architectures/``.
-        params: also build each model (random init, 1 foreground class) and count its parameters
-            (``sum(p.numel())``, in millions; slow for the PVT-based models).
+        params: also build each model (random init, ``num_classes`` output maps; 3 = the MSB paper's Table 3,
+            NeoPolyp's background + 2 classes counted as 3 maps) and count its parameters (``sum(p.numel())``,
+            in millions; slow for the PVT-based models).
+        gmacs_at: with ``params``, square input sizes (px) at which to count GMACs per image under the named
+            convention of :mod:`msb.profiling.flops` (convolutions + linear layers, attention products apart);
+            a size the model does not accept gives NaN.
 
     Returns:
         Columns ``config`` (the name a study's ``architectures:`` uses), ``adapter`` (registry name,
         ``model.arch``), ``encoder``, ``input_size`` (``HxW`` px), ``input_rule`` (multiples of the
-        adapter's ``size_divisor``), and ``params_M`` with ``params``.
+        adapter's ``size_divisor``), and with ``params``: ``params_M``, and ``GMACs_<size>`` per ``gmacs_at``.
 
     Raises:
         MSBError: no ``architectures/`` folder (names the folder and how to pick another).
@@ -47,18 +52,33 @@ def architecture_catalog(configs_root: Path, params: bool = False) -> pd.DataFra
                "input_size": f"{size[0]}x{size[1]}" if size else "from the dataset config",
                "input_rule": f"H, W multiples of {div} px" if div > 1 else "any H, W"}
         if params:
-            row["params_M"] = round(_n_params(model) / 1e6, 2)
+            net = _build(model, num_classes)
+            row["params_M"] = round(sum(p.numel() for p in net.parameters()) / 1e6, 2)
+            for size in gmacs_at:
+                row[f"GMACs_{size}"] = _gmacs(net, int(size))
+            del net
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _n_params(model_cfg: dict) -> int:
+def _build(model_cfg: dict, num_classes: int):
     from msb.config.schema import ModelConfig
     from msb.models.registry import build_model
 
-    cfg = ModelConfig.model_validate(model_cfg)
-    net = build_model(cfg, 1)
-    return int(sum(p.numel() for p in net.parameters()))
+    return build_model(ModelConfig.model_validate(model_cfg), num_classes)
+
+
+def _gmacs(net, size: int) -> float:
+    """GMACs of ``net`` on one (1, 3, size, size) input under :data:`msb.profiling.flops.CONVENTION`, rounded
+    to 2 decimals; NaN when ``size`` is not a multiple of the model's ``size_divisor``."""
+    import torch
+
+    from msb.profiling.flops import count_flops
+
+    div = int(getattr(net, "size_divisor", 1) or 1)
+    if size % div:
+        return float("nan")
+    return round(count_flops(net, torch.zeros(1, 3, size, size)).gmacs, 2)
 
 
 def _architecture_layers(configs_root: Path) -> list[tuple[Path, dict]]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -19,6 +19,10 @@ __all__ = ["list_models"]
 def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root (holds architectures/)."),
                 params: bool = typer.Option(False, "--params", help="Also build each model and count its parameters "
                                             "(slow for the PVT-based ones)."),
+                num_classes: int = typer.Option(3, "--num-classes", help="Output maps of the models --params "
+                                                "builds (3 as in the MSB paper's Table 3)."),
+                gmacs_at: Optional[List[int]] = typer.Option(None, "--gmacs-at", help="With --params: also GMACs per "
+                                                             "image at this square size in px (repeatable)."),
                 format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
     from msb.cli.format import emit_frame
@@ -26,5 +30,16 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     from msb.models.registry import available_architectures
 
     fmt = resolve_format(format)
-    emit_frame(architecture_catalog(configs, params), fmt, f"Architecture configs in {configs}")
-    status_log(fmt)(f"registry adapters: {', '.join(available_architectures())}")
+    if num_classes < 1:
+        from msb.errors import MSBError
+
+        raise MSBError(f"--num-classes {num_classes}: give a positive number of output maps")
+    frame = architecture_catalog(configs, params, num_classes, tuple(gmacs_at or ()))
+    emit_frame(frame, fmt, f"Architecture configs in {configs}")
+    log = status_log(fmt)
+    if params:
+        from msb.profiling.flops import CONVENTION_TEXT
+
+        log(f"params (M) = sum(p.numel()) / 1e6 at {num_classes} output maps"
+            + (f"; {CONVENTION_TEXT}" if gmacs_at else ""))
+    log(f"registry adapters: {', '.join(available_architectures())}")

@@ -30,9 +30,12 @@ IMAGENET = "imagenet"
 
 #: timm model -> its pretrained tag (timm's default ``pretrained_cfg`` for these names)
 _TIMM = {"res2net50_v1b": "timm/res2net50d.in1k", "pvt_v2_b2": "timm/pvt_v2_b2.in1k"}
+_TIMM["convnext_small"] = "timm/convnext_small.fb_in1k"  # VWFormer's ConvNeXt-S (Facebook's ImageNet-1k weights)
 _ARCH_BACKBONE = {"pranet": "res2net50_v1b", "sanet": "res2net50_v1b", "polyp_pvt": "pvt_v2_b2",
                   "pvt_cascade": "pvt_v2_b2", "g_cascade": "pvt_v2_b2"}
 _SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2"}
+_ARCH_BACKBONE["vwformer_convnext_s"] = "convnext_small"
+_SMP_DEFAULT.update({"segformer_b3": "mit_b3", "vwformer_mit_b3": "mit_b3"})
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ table row is interpretable on its own. Columns (:data:`PROFILE_COLUMNS`):
 ``model`` (label, :func:`model_label`), ``arch``, ``encoder``, ``model_params`` (JSON of ``model.params``),
 ``num_classes``, ``input_h``, ``input_w`` (pixels), ``batch_size``, ``precision`` (``fp32``/``amp``),
 ``amp_dtype``, ``params`` (number of parameters, int), ``params_m`` (millions), ``gmacs`` (GMACs per image =
-one forward pass at batch 1, FlopCounterMode FLOPs / 2 / 1e9), ``gflops`` (FLOPs / 1e9),
+one forward pass at batch 1 under the named convention ``conv+linear`` of :mod:`msb.profiling.flops`:
+convolutions and linear layers, FlopCounterMode FLOPs / 2 / 1e9), ``gflops`` (2 x gmacs), ``gmacs_attention``
+(attention matrix products, not in ``gmacs``), ``gmacs_convention`` (``conv+linear``),
 ``uncounted_ops`` (comma-separated ATen operators that ran but count 0), ``latency_ms_median``,
 ``latency_ms_sd`` (per forward pass of one batch, over repeats), ``latency_ms_repeats`` (JSON list),
 ``throughput_ips`` (images/s), ``peak_mem_mib``, ``peak_mem_delta_mib``, ``nvml_used_mib``, ``mem_method``
@@ -35,7 +37,7 @@ from msb.config.schema import ModelConfig
 from msb.errors import MSBError
 from msb.models.registry import build_model
 from msb.profiling.environment import environment_info, nvml_used_bytes
-from msb.profiling.flops import count_flops
+from msb.profiling.flops import CONVENTION, count_flops
 from msb.profiling.memory import cpu_peak_rss, cuda_peak
 from msb.profiling.timing import TimingProtocol, autocast_context, time_forward
 from msb.utils.hashing import sha256_json
@@ -46,12 +48,13 @@ __all__ = ["ProfileTarget", "PROFILE_COLUMNS", "TIMED_REGION", "model_label", "p
 #: What the latency figures time (recorded in every row).
 TIMED_REGION = ("model forward only (Segmentor.forward, all outputs; no host-device copy, no test-time "
                 "combination, no sigmoid/threshold, no data loading)")
-_FLOP_COUNTER = "torch.utils.flop_counter.FlopCounterMode (MACs = FLOPs / 2; bias adds not counted)"
+_FLOP_COUNTER = ("torch.utils.flop_counter.FlopCounterMode (MACs = FLOPs / 2; bias adds not counted; gmacs: "
+                 "convolutions + linear layers, gmacs_attention: attention matrix products)")
 _MIB = 1024.0 * 1024.0
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "model", "arch", "encoder", "model_params", "num_classes", "input_h", "input_w", "batch_size", "precision",
-    "amp_dtype", "params", "params_m", "gmacs", "gflops", "uncounted_ops", "latency_ms_median", "latency_ms_sd",
+    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "uncounted_ops", "latency_ms_median", "latency_ms_sd",
     "latency_ms_repeats", "throughput_ips", "peak_mem_mib", "peak_mem_delta_mib", "nvml_used_mib", "mem_method",
     "warmup", "timed_passes", "repeats", "cudnn_benchmark", "timer", "timed_region", "flop_counter", "device",
     "device_name", "num_threads", "driver_version", "cuda_runtime", "cudnn_version", "python", "torch",
@@ -171,7 +174,8 @@ def profile_module(model: nn.Module, size: tuple[int, int], device: torch.device
             "num_classes": int(num_classes), "input_h": int(h), "input_w": int(w),
             "batch_size": proto.batch_size, "precision": proto.precision,
             "amp_dtype": timing.amp_dtype if timing else "",
-            "params": int(n_params), "params_m": n_params / 1e6, "gmacs": fc.macs / 1e9, "gflops": fc.flops / 1e9,
+            "params": int(n_params), "params_m": n_params / 1e6, "gmacs": fc.gmacs, "gflops": 2 * fc.gmacs,
+            "gmacs_attention": fc.gmacs_attention, "gmacs_convention": CONVENTION,
             "uncounted_ops": ", ".join(fc.uncounted_ops),
             "latency_ms_median": timing.median_ms if timing else nan,
             "latency_ms_sd": timing.sd_ms if timing else nan,
