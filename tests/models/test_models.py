@@ -31,6 +31,11 @@ SPECS = {
     "pvt_cascade": ({}, 64, [32, 16, 8, 4], "sum"),
     "g_cascade": ({"img_size": 128}, 128, [32, 16, 8, 4], "sum"),  # minimum size for k = 11 (see module doc)
     "segformer": ({}, 64, [1], "first"),
+    # the MSB paper's case-study architectures, part a (msb/models/paper)
+    "unet_classic": ({}, 64, [1], "first"),
+    "segformer_b3": ({}, 64, [1], "first"),
+    "vwformer_mit_b3": ({}, 128, [1], "first"),  # H, W multiples of 128
+    "vwformer_convnext_s": ({}, 128, [1], "first"),
 }
 ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
 ARCHS = available_architectures()

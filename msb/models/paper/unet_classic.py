@@ -46,8 +46,8 @@ class UNetClassic(Segmentor):
     def __init__(self, num_classes: int = 1, base_channels: int = 64) -> None:
         super().__init__()
         widths = [base_channels * 2 ** i for i in range(5)]  # 64, 128, 256, 512, 1024
-        self.inc = DoubleConv(3, widths[0])
-        self.down = nn.ModuleList([DoubleConv(widths[i], widths[i + 1]) for i in range(4)])
+        # the contracting path (5 levels; pooling between them) is the "backbone" (state-dict keys backbone.*)
+        self.backbone = nn.ModuleList([DoubleConv(3 if i == 0 else widths[i - 1], widths[i]) for i in range(5)])
         self.up = nn.ModuleList([nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(3, -1, -1)])
         self.dec = nn.ModuleList([DoubleConv(2 * widths[i], widths[i]) for i in range(3, -1, -1)])
         self.head = nn.Conv2d(widths[0], num_classes, 1)
@@ -62,8 +62,8 @@ class UNetClassic(Segmentor):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``x`` float (N, 3, H, W), H and W multiples of 16 -> ``[logits]`` (N, C, H, W)."""
-        skips = [self.inc(x)]
-        for level in self.down:
+        skips = [self.backbone[0](x)]
+        for level in self.backbone[1:]:
             skips.append(level(F.max_pool2d(skips[-1], 2)))
         y = skips.pop()
         for up, dec in zip(self.up, self.dec):
