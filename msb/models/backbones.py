@@ -39,6 +39,7 @@ __all__ = ["Backbone", "build_backbone", "BACKBONES", "is_none"]
 BACKBONES: dict[str, tuple[str, tuple[int, ...], dict]] = {
     "res2net50_v1b": ("res2net50d", (256, 512, 1024, 2048), {"zero_init_last": False}),
     "pvt_v2_b2": ("pvt_v2_b2", (64, 128, 320, 512), {"drop_path_rate": 0.1}),
+    "pvt_v2_b3": ("pvt_v2_b3", (64, 128, 320, 512), {"drop_path_rate": 0.1}),  # CENet (msb/models/paper/cenet.py)
 }
 
 

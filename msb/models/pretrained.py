@@ -35,6 +35,8 @@ _ARCH_BACKBONE = {"pranet": "res2net50_v1b", "sanet": "res2net50_v1b", "polyp_pv
                   "pvt_cascade": "pvt_v2_b2", "g_cascade": "pvt_v2_b2"}
 _SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2"}
 _ARCH_BACKBONE["vwformer_convnext_s"] = "convnext_small"
+_TIMM["pvt_v2_b3"] = "timm/pvt_v2_b3.in1k"
+_ARCH_BACKBONE["cenet_pvt_b3"] = "pvt_v2_b3"
 _SMP_DEFAULT.update({"segformer_b3": "mit_b3", "vwformer_mit_b3": "mit_b3"})
 
 

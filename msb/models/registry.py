@@ -24,6 +24,7 @@ _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.
                     "msb.models.paper.unet_classic",
                     "msb.models.paper.segformer_b3",
                     "msb.models.paper.vwformer",
+                    "msb.models.paper.cenet",
                     )
 
 

@@ -36,6 +36,7 @@ SPECS = {
     "segformer_b3": ({}, 64, [1], "first"),
     "vwformer_mit_b3": ({}, 128, [1], "first"),  # H, W multiples of 128
     "vwformer_convnext_s": ({}, 128, [1], "first"),
+    "cenet_pvt_b3": ({}, 64, [1], "first"),
 }
 ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
 ARCHS = available_architectures()
