@@ -47,9 +47,9 @@ __all__ = ["FlopCount", "count_flops", "DATA_MOVEMENT_OPS", "COUNTED_OPS", "ATTE
 CONVENTION = "conv+linear"
 #: one line describing :data:`CONVENTION`, printed by ``msb profile`` and ``msb models --params``
 CONVENTION_TEXT = ("GMACs (convention conv+linear) = multiply-accumulates of convolutions and linear layers per image "
-                   "(torch FlopCounterMode FLOPs / 2); attention matrix products (Q K^T, A V) are shown apart, "
-                   "norms, activations, pooling, interpolation, element-wise ops and bias adds are not counted "
-                   "(the MSB paper's Table 3 convention)")
+                   "(torch FlopCounterMode FLOPs / 2); not included: attention matrix products (Q K^T, A V; "
+                   "msb profile shows them apart), norms, activations, pooling, interpolation, element-wise ops, "
+                   "bias adds (the convention that reproduces the MSB paper's Table 3 U-Net row)")
 
 #: counted ATen operators (names without ``aten.``) that multiply two activations: attention ``Q K^T`` and
 #: ``A V`` (explicit ``q @ k.transpose(-2, -1)`` lowers to ``bmm``; ``nn.MultiheadAttention`` to ``bmm`` or

@@ -193,3 +193,22 @@ def test_trains_two_steps_and_evaluates(arch: str, tmp_path: Path):
         logits = model.predict_logits(torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0)))
     assert tuple(logits.shape) == (2, 1, size, size) and torch.isfinite(logits).all()
     assert float(logits.min()) < 0.0 or float(logits.max()) > 1.0
+
+
+def test_models_params_lists_params_and_gmacs_at_3_classes(tmp_path: Path):
+    """``msb models --params --gmacs-at 64`` (architecture_catalog) on a configs root holding only
+    unet_classic.yaml: parameters at 3 output maps (the hand count) and GMACs at 64² under the convention (the
+    hand count); a size the model does not accept (72, not a multiple of 16) gives NaN."""
+    import math
+    import shutil
+
+    from msb.cli.catalog import architecture_catalog
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    (tmp_path / "architectures").mkdir()
+    shutil.copy(configs / "global.yaml", tmp_path / "global.yaml")
+    shutil.copy(configs / "architectures" / "unet_classic.yaml", tmp_path / "architectures" / "unet_classic.yaml")
+    table = architecture_catalog(tmp_path, params=True, num_classes=3, gmacs_at=(64, 72))
+    (row,) = table.to_dict("records")
+    assert row["config"] == "unet_classic" and row["params_M"] == round(_unet_params_by_hand() / 1e6, 2) == 31.04
+    assert row["GMACs_64"] == round(_unet_macs_by_hand(64) / 1e9, 2) == 3.01 and math.isnan(row["GMACs_72"])
