@@ -58,7 +58,8 @@ CONVENTION_TEXT = ("GMACs (convention conv+linear) = multiply-accumulates of con
 ATTENTION_OPS: frozenset[str] = frozenset({
     "bmm", "baddbmm", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward",
-    "flex_attention", "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention_backward",
+    "flex_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_cudnn_attention_backward", "_flash_attention_backward", "_efficient_attention_backward",
     "flex_attention_backward",
 })

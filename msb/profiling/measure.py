@@ -54,7 +54,8 @@ _MIB = 1024.0 * 1024.0
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "model", "arch", "encoder", "model_params", "num_classes", "input_h", "input_w", "batch_size", "precision",
-    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "uncounted_ops", "latency_ms_median", "latency_ms_sd",
+    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "uncounted_ops",
+    "latency_ms_median", "latency_ms_sd",
     "latency_ms_repeats", "throughput_ips", "peak_mem_mib", "peak_mem_delta_mib", "nvml_used_mib", "mem_method",
     "warmup", "timed_passes", "repeats", "cudnn_benchmark", "timer", "timed_region", "flop_counter", "device",
     "device_name", "num_threads", "driver_version", "cuda_runtime", "cudnn_version", "python", "torch",

@@ -212,3 +212,33 @@ def test_models_params_lists_params_and_gmacs_at_3_classes(tmp_path: Path):
     (row,) = table.to_dict("records")
     assert row["config"] == "unet_classic" and row["params_M"] == round(_unet_params_by_hand() / 1e6, 2) == 31.04
     assert row["GMACs_64"] == round(_unet_macs_by_hand(64) / 1e9, 2) == 3.01 and math.isnan(row["GMACs_72"])
+
+
+@pytest.mark.parametrize("arch,prefix", [pytest.param("vwformer_convnext_s", "backbone.model.", marks=pytest.mark.slow),
+                                         pytest.param("vwformer_mit_b3", "backbone.encoder.", marks=pytest.mark.slow),
+                                         ("cenet_pvt_b3", "backbone.model.")])
+def test_local_imagenet_backbone_file_loads_strictly(arch: str, prefix: str, tmp_path: Path):
+    """``encoder_weights: FILE``: a state dict of the library's ImageNet network (timm ConvNeXt-S / PVTv2-B3 with
+    their 1000-class heads, smp's MiT-B3 encoder) loads strictly (the classifier ``head.*`` dropped): every
+    encoder tensor of the adapter equals the file's; a file with one key removed is refused naming that key."""
+    import timm
+    from segmentation_models_pytorch.encoders import get_encoder
+
+    from msb.errors import MSBError
+
+    torch.manual_seed(3)
+    if arch == "vwformer_mit_b3":
+        sd = get_encoder("mit_b3", weights=None).state_dict()
+    else:
+        timm_name = {"vwformer_convnext_s": "convnext_small", "cenet_pvt_b3": "pvt_v2_b3"}[arch]
+        sd = timm.create_model(timm_name).state_dict()
+    assert any(k.startswith("head.") for k in sd) or arch == "vwformer_mit_b3"
+    torch.save(sd, tmp_path / "enc.pth")
+    model = build_model(ModelConfig(arch=arch, encoder_weights=str(tmp_path / "enc.pth")), 1)
+    own = {k[len(prefix):]: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+    kept = {k: v for k, v in sd.items() if not k.startswith("head.")}
+    assert set(own) == set(kept) and all(torch.equal(own[k], kept[k]) for k in kept)
+    missing = sorted(kept)[5]
+    torch.save({k: v for k, v in sd.items() if k != missing}, tmp_path / "bad.pth")
+    with pytest.raises(MSBError, match="missing key"):
+        build_model(ModelConfig(arch=arch, encoder_weights=str(tmp_path / "bad.pth")), 1)

@@ -201,7 +201,8 @@ class FEA(nn.Module):
 
 class DiffAttention(nn.Module):
     """Multi-head differential attention (Ye et al., "Differential Transformer", 2024) on tokens (N, L, D):
-    two softmax maps per head from split queries/keys, A1 − λ·A2 with λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init,
+    two softmax maps per head from split queries/keys, A1 − λ·A2 with
+    λ = exp(λq1·λk1) − exp(λq2·λk2) + λ_init,
     λ_init = 0.8 − 0.6·exp(−0.3·depth); times V, RMS-normalised per head (no affine), ×(1 − λ_init), output
     projection. Linear projections without bias. Returns (N, L, D)."""
 
