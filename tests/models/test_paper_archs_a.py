@@ -1,6 +1,6 @@
 """The MSB paper's case-study architectures, part a (msb/models/paper: unet_classic, segformer_b3, vwformer_mit_b3,
-vwformer_convnext_s, cenet_pvt_b3) against Table 3 of the paper (section 4.1; 3 output maps, GMACs per forward pass at batch 1),
-and the GMACs convention that reproduces that table.
+vwformer_convnext_s, cenet_pvt_b3) against Table 3 of the paper (section 4.1; 3 output maps, GMACs per forward
+pass at batch 1), and the GMACs convention that reproduces that table.
 
 Counting runs on the meta device (shapes only, no arithmetic): FlopCounterMode's formulas need only shapes, so a
 512² count takes a second instead of a minute, and gives the same number as on CPU (checked for the U-Net at 64²).
