@@ -69,7 +69,7 @@ class _Pyramid(nn.Module):
         del cnn.layer4
         self.resnet = cnn
         h, w = size[0] // 4, size[1] // 4
-        dpr = torch.linspace(0, 0.1, 10).tolist()
+        dpr = [0.1 * i / 9 for i in range(10)]
         stages, start = [], 0
         for i, (dim, depth, heads) in enumerate(((96, 2, 3), (192, 2, 6), (384, 6, 12))):
             stages.append(SwinTransformerStage(dim, dim, (h >> i, w >> i), depth, downsample=False, num_heads=heads,

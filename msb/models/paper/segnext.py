@@ -121,7 +121,7 @@ class MSCAN(nn.Module):
     def __init__(self, dims=(64, 128, 320, 512), depths=(3, 5, 27, 3), mlp_ratios=(8, 8, 4, 4),
                  drop_path_rate: float = 0.3) -> None:
         super().__init__()
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = [drop_path_rate * i / max(sum(depths) - 1, 1) for i in range(sum(depths))]
         cur = 0
         for i in range(4):
             setattr(self, f"patch_embed{i + 1}", _Embed(3 if i == 0 else dims[i - 1], dims[i], stem=i == 0))

@@ -109,7 +109,7 @@ class VSSMEncoder(nn.Module):
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(in_chans, dims[0], 2, 2)
         self.patch_embed.norm = nn.LayerNorm(dims[0])
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        dpr = [drop_path_rate * i / max(sum(depths) - 1, 1) for i in range(sum(depths))]
         self.layers = nn.ModuleList()
         for i, depth in enumerate(depths):
             stage = nn.Module()
