@@ -31,6 +31,10 @@ SPECS = {
     "pvt_cascade": ({}, 64, [32, 16, 8, 4], "sum"),
     "g_cascade": ({"img_size": 128}, 128, [32, 16, 8, 4], "sum"),  # minimum size for k = 11 (see module doc)
     "segformer": ({}, 64, [1], "first"),
+    "segnext_l": ({}, 64, [1], "first"),
+    "missformer": ({}, 64, [1], "first"),
+    "hiformer_b": ({"img_size": 64}, 64, [1], "first"),
+    "swin_umamba": ({}, 64, [1], "first"),
 }
 ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
 ARCHS = available_architectures()

@@ -11,7 +11,7 @@ For channel d (of D = K·d_inner), state n (of N) and step t (of L)::
 with g(d) = d // (D / G) the group of channel d. :func:`selective_scan` uses the compiled CUDA kernel of the
 ``mamba_ssm`` package (``mamba_ssm.ops.selective_scan_interface.selective_scan_fn``) when that package is
 installed and the input is on a CUDA device, else :func:`selective_scan_torch`, a pure-PyTorch version that runs
-on any device (a loop over time, chunked so that Δ·A and Δ·B·u are precomputed ``chunk`` steps at a time).
+on any device (chunks of up to 8 steps solved in closed form, the state carried between chunks).
 """
 
 from __future__ import annotations
@@ -29,11 +29,21 @@ def mamba_kernel_available() -> bool:
     return importlib.util.find_spec("mamba_ssm") is not None
 
 
+def _chunk_length(batch: int, dim: int, state: int, length: int, budget: int) -> int:
+    """Steps per chunk: the chunked form keeps b·D·N·L·T values for the backward pass; T in 1..8 within
+    ``budget`` values (T = 1 is the plain step-by-step recurrence)."""
+    return max(1, min(8, budget // max(1, batch * dim * state * length)))
+
+
 def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                          D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                          delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                         chunk: int = 256) -> torch.Tensor:
+                         chunk: int | None = None, budget: int = 1 << 27) -> torch.Tensor:
     """Pure-PyTorch selective scan (same arguments and result as ``mamba_ssm``'s ``selective_scan_fn``).
+
+    The sequence is cut into chunks of T steps; inside a chunk the recurrence is solved in closed form,
+    h_t = exp(S_t) h_0 + Σ_{s≤t} exp(S_t − S_s) Δ_s B_s u_s with S_t = Σ_{r≤t} Δ_r A (all exponents ≤ 0 for
+    A < 0, Δ > 0, so no overflow), and the state is carried from chunk to chunk.
 
     Args:
         u: input (b, D, L) float.
@@ -41,10 +51,11 @@ def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
         A: state matrix (D, N), real (negative for a stable scan).
         B, C: input/output matrices (b, G, N, L) with G dividing D (or (b, N, L) = one group).
         D: skip weights (D,) or None; z: gate (b, D, L) or None; delta_bias: (D,) or None.
-        chunk: time steps whose exp(Δ·A) and Δ·B·u are materialised at once (memory b·D·chunk·N).
+        chunk: steps per chunk T; None = up to 8 as long as b·D·N·L·T <= ``budget`` values (the memory the
+            backward pass keeps; T = 1 is the step-by-step loop).
 
     Returns:
-        y (b, D, L) in float32 (the kernel's output dtype for float32 inputs), then cast to u's dtype.
+        y (b, D, L), computed in float32, cast to u's dtype.
     """
     dtype = u.dtype
     u, delta, A = u.float(), delta.float(), A.float()
@@ -55,22 +66,28 @@ def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
     b, dim, length = u.shape
     if B.dim() == 3:
         B, C = B[:, None], C[:, None]
-    groups = B.shape[1]
-    # (b, G, N, L) -> (b, D, N, L) by repeating each group over its D/G channels
-    Bx = B.float().repeat_interleave(dim // groups, dim=1)
-    Cx = C.float().repeat_interleave(dim // groups, dim=1)
-    h = u.new_zeros(b, dim, A.shape[1])
+    groups, state = B.shape[1], A.shape[1]
+    # (b, G, N, L) -> (b, D, L, N) by repeating each group over its D/G channels
+    Bx = B.float().repeat_interleave(dim // groups, dim=1).transpose(2, 3)
+    Cx = C.float().repeat_interleave(dim // groups, dim=1).transpose(2, 3)
+    T = chunk or _chunk_length(b, dim, state, length, budget)
+    h = u.new_zeros(b, dim, state)
     ys = []
-    for s in range(0, length, chunk):
-        e = min(s + chunk, length)
-        dt = delta[:, :, s:e]                                                      # (b, D, T)
-        dA = torch.exp(dt.unsqueeze(-1) * A[None, :, None, :])                    # (b, D, T, N)
-        dBu = (dt * u[:, :, s:e]).unsqueeze(-1) * Bx[:, :, :, s:e].transpose(2, 3)  # (b, D, T, N)
-        c = Cx[:, :, :, s:e]                                                       # (b, D, N, T)
-        for t in range(e - s):
-            h = dA[:, :, t] * h + dBu[:, :, t]
-            ys.append((h * c[:, :, :, t]).sum(-1))
-    y = torch.stack(ys, dim=-1)
+    for s in range(0, length, T):
+        e = min(s + T, length)
+        n = e - s
+        dt = delta[:, :, s:e]                                                  # (b, D, n)
+        cum = (dt.unsqueeze(-1) * A[None, :, None, :]).cumsum(2)              # S_t, (b, D, n, N)
+        dbu = (dt * u[:, :, s:e]).unsqueeze(-1) * Bx[:, :, s:e]               # (b, D, n, N)
+        if n == 1:
+            hs = torch.exp(cum) * h[:, :, None] + dbu
+        else:
+            causal = torch.ones(n, n, dtype=torch.bool, device=u.device).tril()  # [t, s]: s <= t
+            seg = (cum.unsqueeze(3) - cum.unsqueeze(2)).masked_fill(~causal[:, :, None], float("-inf"))
+            hs = torch.einsum("bdtsn,bdsn->bdtn", torch.exp(seg), dbu) + torch.exp(cum) * h[:, :, None]
+        ys.append((hs * Cx[:, :, s:e]).sum(-1))
+        h = hs[:, :, -1]
+    y = torch.cat(ys, dim=-1)
     if D is not None:
         y = y + u * D.float()[None, :, None]
     if z is not None:

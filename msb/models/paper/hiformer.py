@@ -65,7 +65,7 @@ class _Pyramid(nn.Module):
 
     def __init__(self, size: tuple[int, int]) -> None:
         super().__init__()
-        cnn = timm.create_model("resnet50", pretrained=False, num_classes=0)
+        cnn = timm.create_model("resnet50", pretrained=False, num_classes=0, zero_init_last=False)  # torchvision init
         del cnn.layer4
         self.resnet = cnn
         h, w = size[0] // 4, size[1] // 4

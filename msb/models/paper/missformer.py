@@ -15,9 +15,11 @@ Structure (official defaults, all kept):
   (×4 at the last stage), and a 1×1 conv classifier at the input resolution.
 
 The official code hard-codes the token offsets of a 224×224 input (3136, 4704, …); here they follow the input
-(any H, W multiples of 32). Also as the official model, and counted in its parameters: the last decoder stage's
-fusion linear and two transformer blocks (built, never called: the stride-32 stage only expands) and the two
-unused LayerNorms of every enhanced Mix-FFN. Parameters at 3 classes: 42.46 M (the MSB paper's Table 3).
+(any H, W multiples of 32). As the official model, and counted in its parameters: the last decoder stage's
+fusion linear and two transformer blocks (built, never called: the stride-32 stage only expands). Not built: the
+two LayerNorms that every official enhanced Mix-FFN creates and never calls (``norm2``/``norm3``, 131 072
+parameters). Parameters at 3 classes: 42.33 M (the MSB paper's Table 3: 42.46 M, which includes those norms:
+42.33 + 0.13 = 42.46).
 The official enhanced Mix-FFN evaluates its fc1 twice (once for the conv branch, once for the skip); so does
 this one: the output is the same, and the second call is part of the paper's 9.36 GMACs at 256×256.
 One output at the input resolution; test-time rule ``first``. ``encoder_weights``: a local state dict of the
@@ -60,7 +62,7 @@ class _DWConv(nn.Module):
 
 
 class _MixFFNSkip(nn.Module):
-    """Enhanced Mix-FFN: ``fc2(GELU(LN(dwconv(fc1 x) + fc1 x)))``; ``norm2``/``norm3`` exist unused (official)."""
+    """Enhanced Mix-FFN: ``fc2(GELU(LN(dwconv(fc1 x) + fc1 x)))``."""
 
     def __init__(self, dim: int, hidden: int) -> None:
         super().__init__()
@@ -69,8 +71,6 @@ class _MixFFNSkip(nn.Module):
         self.act = nn.GELU()
         self.fc2 = nn.Linear(hidden, dim)
         self.norm1 = nn.LayerNorm(hidden)
-        self.norm2 = nn.LayerNorm(hidden)
-        self.norm3 = nn.LayerNorm(hidden)
 
     def forward(self, x: torch.Tensor, h: int, w: int) -> torch.Tensor:
         # fc1 runs twice, as in the official forward (same result; its cost is in the paper's GMACs)
