@@ -34,7 +34,7 @@ SPECS = {
     "segnext_l": ({}, 64, [1], "first"),
     "missformer": ({}, 64, [1], "first"),
     "hiformer_b": ({"img_size": 64}, 64, [1], "first"),
-    "swin_umamba": ({}, 64, [1], "first"),
+    "swin_umamba": ({}, 32, [1], "first"),  # 32²: its pure-PyTorch selective scan is slow under autograd
 }
 ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
 ARCHS = available_architectures()
