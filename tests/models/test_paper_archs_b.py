@@ -253,3 +253,24 @@ def test_two_training_steps_and_evaluation_in_a_study(tmp_path: Path):
         counts = pd.read_parquet(run / "evaluation" / "best" / "counts.parquet")
         assert len(counts) == int((split["split"] == "test").sum()) > 0 and set(counts["model"]) == {arch}
         assert ((counts["tp"] + counts["fp"] + counts["fn"] + counts["tn"]) == 32 * 32).all()
+
+
+def test_swin_umamba_decoder_blocks_equal_monai():
+    """Our residual and up blocks give MONAI's UnetResBlock / UnetrUpBlock output with the same weights (the
+    official Swin-UMamba decoder is built from them; InstanceNorm without affine, LeakyReLU 0.01)."""
+    blocks = pytest.importorskip("monai.networks.blocks.dynunet_block")
+    unetr = pytest.importorskip("monai.networks.blocks.unetr_block")
+    from msb.models.paper.swin_umamba import _ResBlock, _UpBlock
+
+    torch.manual_seed(0)
+    ref = blocks.UnetResBlock(2, 48, 96, 3, 1, "instance").eval()
+    ours = _ResBlock(48, 96).eval()
+    ours.load_state_dict({k.replace(".conv.", "."): v for k, v in ref.state_dict().items()})
+    x = torch.randn(2, 48, 16, 16)
+    assert torch.allclose(ours(x), ref(x), atol=1e-6)
+    ref_up = unetr.UnetrUpBlock(2, 96, 48, 3, 2, "instance", res_block=True).eval()
+    up = _UpBlock(96, 48).eval()
+    up.load_state_dict({k.replace(".conv.", ".").replace("transp_conv.conv", "transp_conv"): v
+                        for k, v in ref_up.state_dict().items()})
+    y, skip = torch.randn(2, 96, 8, 8), torch.randn(2, 48, 16, 16)
+    assert torch.allclose(up(y, skip), ref_up(y, skip), atol=1e-6)
