@@ -95,6 +95,17 @@ def test_exact_counts_of_this_implementation(monkeypatch):
     assert 42_331_075 + sum(2 * 2 * h for h in hidden) == 42_462_147  # the official count (6 dp: 42.462147 M)
 
 
+def test_hiformer_with_resnet101_has_table3_parameters():
+    """With a ResNet-101 CNN branch the parameters equal Table 3's HiFormer-B* (44.62 M at 256², 46.09 M at 512²)
+    within 0.05 %: 17 more layer3 bottlenecks of 1 117 184 parameters each; its GMACs do not (see HIFORMER_GAP)."""
+    for size, want in ((256, 44.62e6), (512, 46.09e6)):
+        with torch.device("meta"):
+            model = build_model(ModelConfig(arch="hiformer_b", params={"img_size": size, "cnn": "resnet101"}), 3)
+        n = sum(p.numel() for p in model.parameters())
+        assert n == {256: 25_626_445, 512: 27_101_005}[size] + 17 * 1_117_184
+        assert abs(n / want - 1) < 0.0005, (size, n)
+
+
 def _hook_macs(model: nn.Module, x: torch.Tensor) -> int:
     """Independent MAC count: forward hooks on Conv2d (out positions × C_in/groups × k²), ConvTranspose2d
     (in positions × C_out/groups × k²) and Linear (out elements × in_features), every call."""
