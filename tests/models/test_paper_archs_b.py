@@ -182,9 +182,11 @@ def test_pure_selective_scan_matches_a_numpy_loop():
 
     u, delta, A, B, C, D, bias = _scan_inputs()
     want = _scan_numpy(u, delta, A, B, C, D, bias)
-    for chunk in (None, 1, 5, 64):  # chunking (1 = step by step, 64 > L = one chunk) does not change the result
-        got = selective_scan_torch(u, delta, A, B, C, D, delta_bias=bias, delta_softplus=True, chunk=chunk)
-        assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5)
+    for grad in (False, True):  # without autograd: the step loop; with it: closed-form chunks
+        for chunk in (None, 1, 5, 64):  # chunking (64 > L = one chunk) does not change the result
+            with torch.set_grad_enabled(grad):
+                got = selective_scan_torch(u, delta, A, B, C, D, delta_bias=bias, delta_softplus=True, chunk=chunk)
+            assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-5)
 
 
 def test_compiled_selective_scan_equals_the_pure_one():

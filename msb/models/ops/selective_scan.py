@@ -11,7 +11,8 @@ For channel d (of D = K·d_inner), state n (of N) and step t (of L)::
 with g(d) = d // (D / G) the group of channel d. :func:`selective_scan` uses the compiled CUDA kernel of the
 ``mamba_ssm`` package (``mamba_ssm.ops.selective_scan_interface.selective_scan_fn``) when that package is
 installed and the input is on a CUDA device, else :func:`selective_scan_torch`, a pure-PyTorch version that runs
-on any device (chunks of up to 8 steps solved in closed form, the state carried between chunks).
+on any device (a step-by-step loop in inference; with autograd, chunks of up to 8 steps solved in closed form,
+the state carried between chunks).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
         A: state matrix (D, N), real (negative for a stable scan).
         B, C: input/output matrices (b, G, N, L) with G dividing D (or (b, N, L) = one group).
         D: skip weights (D,) or None; z: gate (b, D, L) or None; delta_bias: (D,) or None.
-        chunk: steps per chunk T; None = up to 8 as long as b·D·N·L·T <= ``budget`` values (the memory the
-            backward pass keeps; T = 1 is the step-by-step loop).
+        chunk: steps per chunk T; None = the step-by-step loop when autograd is off (inference), else up to 8
+            as long as b·D·N·L·T <= ``budget`` values (the memory the backward pass keeps).
 
     Returns:
         y (b, D, L), computed in float32, cast to u's dtype.
@@ -70,8 +71,41 @@ def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
     # (b, G, N, L) -> (b, D, L, N) by repeating each group over its D/G channels
     Bx = B.float().repeat_interleave(dim // groups, dim=1).transpose(2, 3)
     Cx = C.float().repeat_interleave(dim // groups, dim=1).transpose(2, 3)
-    T = chunk or _chunk_length(b, dim, state, length, budget)
-    h = u.new_zeros(b, dim, state)
+    if chunk is None and not torch.is_grad_enabled():
+        y = _scan_steps(u, delta, A, Bx, Cx)
+    else:
+        y = _scan_chunks(u, delta, A, Bx, Cx, chunk or _chunk_length(b, dim, state, length, budget))
+    if D is not None:
+        y = y + u * D.float()[None, :, None]
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(dtype)
+
+
+def _scan_steps(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, Bx: torch.Tensor, Cx: torch.Tensor,
+                block: int = 512) -> torch.Tensor:
+    """Step-by-step recurrence (fewest operations; used without autograd): exp(Δ·A) and Δ·B·u are formed
+    ``block`` steps at a time. u, delta (b, D, L); A (D, N); Bx, Cx (b, D, L, N) -> y (b, D, L)."""
+    b, dim, length = u.shape
+    h = u.new_zeros(b, dim, A.shape[1])
+    ys = []
+    for s in range(0, length, block):
+        e = min(s + block, length)
+        dt = delta[:, :, s:e]
+        dA = torch.exp(dt.unsqueeze(-1) * A[None, :, None, :])
+        dBu = (dt * u[:, :, s:e]).unsqueeze(-1) * Bx[:, :, s:e]
+        c = Cx[:, :, s:e]
+        for t in range(e - s):
+            h = dA[:, :, t] * h + dBu[:, :, t]
+            ys.append((h * c[:, :, t]).sum(-1))
+    return torch.stack(ys, dim=-1)
+
+
+def _scan_chunks(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, Bx: torch.Tensor, Cx: torch.Tensor,
+                 T: int) -> torch.Tensor:
+    """Chunks of T steps in closed form (fewer autograd nodes than the step loop). Shapes as :func:`_scan_steps`."""
+    b, dim, length = u.shape
+    h = u.new_zeros(b, dim, A.shape[1])
     ys = []
     for s in range(0, length, T):
         e = min(s + T, length)
@@ -87,12 +121,7 @@ def selective_scan_torch(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, 
             hs = torch.einsum("bdtsn,bdsn->bdtn", torch.exp(seg), dbu) + torch.exp(cum) * h[:, :, None]
         ys.append((hs * Cx[:, :, s:e]).sum(-1))
         h = hs[:, :, -1]
-    y = torch.cat(ys, dim=-1)
-    if D is not None:
-        y = y + u * D.float()[None, :, None]
-    if z is not None:
-        y = y * F.silu(z.float())
-    return y.to(dtype)
+    return torch.cat(ys, dim=-1)
 
 
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
