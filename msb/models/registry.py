@@ -25,6 +25,10 @@ _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.
                     "msb.models.paper.segformer_b3",
                     "msb.models.paper.vwformer",
                     "msb.models.paper.cenet",
+                    "msb.models.paper.segnext",
+                    "msb.models.paper.missformer",
+                    "msb.models.paper.hiformer",
+                    "msb.models.paper.swin_umamba",
                     )
 
 

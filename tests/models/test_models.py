@@ -37,6 +37,10 @@ SPECS = {
     "vwformer_mit_b3": ({}, 128, [1], "first"),  # H, W multiples of 128
     "vwformer_convnext_s": ({}, 128, [1], "first"),
     "cenet_pvt_b3": ({}, 64, [1], "first"),
+    "segnext_l": ({}, 64, [1], "first"),
+    "missformer": ({}, 64, [1], "first"),
+    "hiformer_b": ({"img_size": 64}, 64, [1], "first"),
+    "swin_umamba": ({}, 32, [1], "first"),  # 32²: its pure-PyTorch selective scan is slow under autograd
 }
 ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
 ARCHS = available_architectures()
