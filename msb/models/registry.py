@@ -20,7 +20,11 @@ __all__ = ["register", "available_architectures", "architecture_class", "build_m
 
 _REGISTRY: dict[str, type] = {}
 _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.zoo.polyp_pvt", "msb.models.zoo.sanet",
-                    "msb.models.zoo.pvt_cascade", "msb.models.zoo.g_cascade", "msb.models.zoo.segformer")
+                    "msb.models.zoo.pvt_cascade", "msb.models.zoo.g_cascade", "msb.models.zoo.segformer",
+                    "msb.models.generic.timm_uper",
+                    "msb.models.paper.transnext",
+                    "msb.models.paper.internimage",
+                    )
 
 
 def register(name: str) -> Callable[[type], type]:
