@@ -11,7 +11,8 @@ from msb.models import available_architectures
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ALL = ["unet_r18", "unet_r34", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "g_cascade", "segformer_b0",
-       "segformer_b2", "unet_mnv3s", "unet_mnv3s075", "unet_tiny"]
+       "segformer_b2", "unet_mnv3s", "unet_mnv3s075", "unet_tiny",
+       "uper_convnext_t", "transnext_t_uper", "internimage_t_uper"]
 
 
 def test_the_recipe_files():

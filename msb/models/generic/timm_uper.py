@@ -6,7 +6,8 @@ Configuration (``model.*``)::
       arch: timm_uper
       encoder: convnext_tiny          # any timm model name (timm.list_models()) with features_only support
       encoder_weights: none           # none | imagenet (timm's hub cache, `msb weights fetch`) | PATH
-      params: {out_indices: [-4, -3, -2, -1], head_channels: 512, pool_scales: [1, 2, 3, 6], dropout: 0.1}
+      params: {out_indices: [-4, -3, -2, -1], head_channels: 512, pool_scales: [1, 2, 3, 6], dropout: 0.1,
+               backbone_kwargs: {drop_path_rate: 0.1}}   # backbone_kwargs: extra timm.create_model arguments
 
 The backbone is ``timm.create_model(encoder, features_only=True, out_indices=...)``; the head's input widths
 are the backbone's ``feature_info.channels()`` and the logits are upsampled bilinearly from the finest selected
@@ -39,7 +40,8 @@ from msb.models.registry import register
 __all__ = ["TimmUPer", "timm_features"]
 
 
-def timm_features(encoder: str, out_indices: Sequence[int], weights: str | None) -> torch.nn.Module:
+def timm_features(encoder: str, out_indices: Sequence[int], weights: str | None,
+                  backbone_kwargs: dict | None = None) -> torch.nn.Module:
     """``timm.create_model(encoder, features_only=True, out_indices=...)`` with msb's weight options.
 
     Args:
@@ -48,6 +50,7 @@ def timm_features(encoder: str, out_indices: Sequence[int], weights: str | None)
             so the default (-4, -3, -2, -1) is the last four levels: strides 4-32 for ResNets and ConvNeXts).
         weights: None/"none" (random init), "imagenet" (timm's pretrained tag via the hub cache) or a local file
             of the classification model's state dict.
+        backbone_kwargs: extra keyword arguments of ``timm.create_model`` (e.g. ``drop_path_rate``).
 
     Raises:
         MSBError: unknown model name (with the closest names), a model without ``features_only`` support, an
@@ -57,18 +60,20 @@ def timm_features(encoder: str, out_indices: Sequence[int], weights: str | None)
         close = timm.list_models(f"*{encoder.split('.')[0][:6]}*")[:5]
         raise MSBError(f"model.encoder: '{encoder}' is not a timm model"
                        + (f"; similar: {', '.join(close)}" if close else "") + " (timm.list_models())")
-    kwargs = {"features_only": True, "out_indices": tuple(int(i) for i in out_indices)}
+    kwargs = {**(backbone_kwargs or {}), "features_only": True, "out_indices": tuple(int(i) for i in out_indices)}
     imagenet = str(weights).strip().lower() == IMAGENET
     local = not imagenet and not is_none(weights)
     if local:
-        if not Path(str(weights)).is_file():
-            raise MSBError(f"model.encoder_weights: file '{weights}' does not exist")
+        _check_local_file(encoder, str(weights))
         kwargs["pretrained_cfg_overlay"] = {"file": str(weights)}
     try:
         with pretrained_guard("timm_uper", encoder) if imagenet else contextlib.nullcontext():
             return timm.create_model(encoder, pretrained=imagenet or local, **kwargs)
     except MSBError:
         raise
+    except TypeError as exc:
+        raise MSBError(f"model.params.backbone_kwargs: timm model '{encoder}' does not accept "
+                       f"{sorted(backbone_kwargs or {})} ({str(exc)[:200]})") from exc
     except (RuntimeError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0][:300]
         what = f"weights '{weights}'" if local else "the backbone"
@@ -77,6 +82,21 @@ def timm_features(encoder: str, out_indices: Sequence[int], weights: str | None)
     except (IndexError, AssertionError, ValueError) as exc:
         raise MSBError(f"model.params.out_indices: {list(kwargs['out_indices'])} is not valid for timm model "
                        f"'{encoder}' ({type(exc).__name__}: {str(exc)[:200]})") from exc
+
+
+def _check_local_file(encoder: str, path: str) -> None:
+    """Strict key/shape check of a local file against timm's classification model ``encoder`` (classifier keys
+    of the file dropped, ``module.`` stripped), before timm's own (lenient) loader maps it to the features_only
+    names. Raises MSBError: missing file; missing/unexpected/mis-shaped keys (one line, first 10 of each)."""
+    from msb.models.weights import check_and_load, read_state_dict, remove_prefixes
+
+    if not Path(path).is_file():
+        raise MSBError(f"model.encoder_weights: file '{path}' does not exist")
+    classifier = timm.models.get_pretrained_cfg_value(encoder, "classifier") or ()
+    classifier = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+    sd = remove_prefixes(read_state_dict(path), ("module.",))
+    sd = {k: v for k, v in sd.items() if not any(k.startswith(c + ".") for c in classifier)}
+    check_and_load(timm.create_model(encoder, num_classes=0), sd, path)
 
 
 @register("timm_uper")
@@ -88,7 +108,8 @@ class TimmUPer(Segmentor):
 
     def __init__(self, num_classes: int = 1, encoder: str = "convnext_tiny", encoder_weights: str | None = None,
                  out_indices: Sequence[int] = (-4, -3, -2, -1), head_channels: int = 512,
-                 pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1) -> None:
+                 pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1,
+                 backbone_kwargs: dict | None = None) -> None:
         super().__init__()
         if not isinstance(out_indices, (list, tuple)) or len(out_indices) < 2 or len(set(out_indices)) != len(
                 out_indices) or not all(isinstance(i, int) for i in out_indices):
@@ -100,7 +121,10 @@ class TimmUPer(Segmentor):
             raise MSBError(f"model.params.pool_scales: positive integers, e.g. [1, 2, 3, 6]; got {pool_scales!r}")
         if not 0.0 <= float(dropout) < 1.0:
             raise MSBError(f"model.params.dropout: a probability in [0, 1), got {dropout!r}")
-        self.backbone = timm_features(encoder, out_indices, encoder_weights)
+        if backbone_kwargs is not None and not isinstance(backbone_kwargs, dict):
+            raise MSBError(f"model.params.backbone_kwargs: a mapping of timm.create_model arguments, got "
+                           f"{backbone_kwargs!r}")
+        self.backbone = timm_features(encoder, out_indices, encoder_weights, backbone_kwargs)
         info = self.backbone.feature_info
         self.channels = tuple(info.channels())
         self.reductions = tuple(info.reduction())
