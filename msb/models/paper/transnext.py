@@ -10,11 +10,11 @@ average pooling by the stage's ratio 8/4/2, LayerNorm), with L2-normalised queri
 a length-scaled query embedding, learnable window tokens and a continuous relative position bias (CPB, a
 2-512-heads MLP on log-spaced relative coordinates). Stage 4 uses full attention with the same CPB.
 
-The CPB table is built, as the official non-extrapolation mode, for the grid of ``img_size`` (``pretrain_size``
-= 224 scales the coordinates) and bilinearly resized to the actual feature size. ``img_size`` is therefore part
-of the operation count: the CPB MLP runs on every unique relative offset of that grid (about 1.05 GMACs at 256).
-The paper's two GMAC figures fit one table built at 256 for both input sizes (see the test of Table 3), which is
-our default.
+The CPB table is built, as the official non-extrapolation mode, for the grid of ``model.params.img_size`` (an
+int or [H, W]; the official configs set it to the training crop; ``pretrain_size`` = 224 scales the coordinates)
+and the bias is resized bilinearly when the feature size differs, so any multiple of 32 runs. ``msb profile``
+rebuilds the model with ``img_size`` = the profiled size (:func:`msb.profiling.measure.takes_img_size`). The CPB
+MLP runs on the unique relative offsets only (a few thousand rows: < 0.01 GMACs).
 
 Head: :class:`~msb.models.generic.uper.UPerHead` with 512 channels and pool scales 1/2/3/6 (official
 ``upernet_transnext`` config); its auxiliary FCN head (on stage 3, training loss weight 0.4) is not built: Table 3
@@ -25,6 +25,7 @@ Output: ``[logits]`` at the input resolution. Inputs: multiples of 32.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -235,14 +236,14 @@ class _PatchEmbed(nn.Module):
 class TransNeXt(nn.Module):
     """TransNeXt backbone: (N, 3, H, W) -> 4 maps (N, C_i, H/2^(i+2), W/2^(i+2)), C = ``embed_dims``."""
 
-    def __init__(self, img_size: int = 256, pretrain_size: int = 224, embed_dims=_TINY["embed_dims"],
+    def __init__(self, img_size: tuple[int, int] = (256, 256), pretrain_size: int = 224, embed_dims=_TINY["embed_dims"],
                  num_heads=_TINY["num_heads"], mlp_ratios=_TINY["mlp_ratios"], depths=_TINY["depths"],
                  sr_ratios=_TINY["sr_ratios"], drop_path_rate: float = 0.4, window: int = 3) -> None:
         super().__init__()
         self.sr_ratios, self.window, self.channels = tuple(sr_ratios), window, tuple(embed_dims)
         dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         for i, (dim, heads, ratio, depth, sr) in enumerate(zip(embed_dims, num_heads, mlp_ratios, depths, sr_ratios)):
-            q = (img_size // 2 ** (i + 2),) * 2
+            q = (img_size[0] // 2 ** (i + 2), img_size[1] // 2 ** (i + 2))
             index, table = cpb_table(q, (q[0] // sr, q[1] // sr), (pretrain_size // 2 ** (i + 2),) * 2)
             self.register_buffer(f"relative_pos_index{i + 1}", index, persistent=False)
             self.register_buffer(f"relative_coords_table{i + 1}", table, persistent=False)
@@ -299,13 +300,15 @@ class TransNeXtUPer(Segmentor):
     test_time_rule = "first"
     size_divisor = 32
 
-    def __init__(self, num_classes: int = 1, encoder_weights: str | None = None, img_size: int = 256,
-                 pretrain_size: int = 224, drop_path_rate: float = 0.4, head_channels: int = 512) -> None:
+    def __init__(self, num_classes: int = 1, encoder_weights: str | None = None,
+                 img_size: int | Sequence[int] = 256, pretrain_size: int = 224, drop_path_rate: float = 0.4,
+                 head_channels: int = 512) -> None:
         super().__init__()
-        if img_size % 32 or img_size < 64:
-            raise MSBError(f"model.params.img_size: a multiple of 32 and >= 64 (the grid of the position-bias "
-                           f"table), got {img_size}")
-        self.backbone = TransNeXt(img_size, pretrain_size, drop_path_rate=drop_path_rate)
+        hw = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        if len(hw) != 2 or not all(isinstance(v, int) and v % 32 == 0 and v >= 64 for v in hw):
+            raise MSBError(f"model.params.img_size: an int or [H, W], multiples of 32 and >= 64 (the grid of the "
+                           f"position-bias table), got {img_size!r}")
+        self.backbone = TransNeXt(hw, pretrain_size, drop_path_rate=drop_path_rate)
         self.head = UPerHead(self.backbone.channels, num_classes, channels=head_channels)
         if not is_none(encoder_weights):
             load_local_weights(self.backbone, encoder_weights, strip_prefixes=("module.", "backbone."),
