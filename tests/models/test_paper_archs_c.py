@@ -221,3 +221,25 @@ def test_internimage_backbone_equals_the_official_code(monkeypatch):
     with torch.no_grad():
         for a, b in zip(ours(x), off(x)):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_recipes_controlled_and_official(tmp_path: Path):
+    """Both recipes generate: the architecture config sets the model; the official overlay sets the UPerNet
+    ADE20K optimiser (AdamW 6e-5, weight decay 0.05, batch 16; official configs in the recipe comments)."""
+    import yaml
+
+    from msb.config.generate import generate_runs
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    runs = {}
+    for recipe in ("controlled", "official"):
+        study = tmp_path / f"{recipe}.yaml"
+        study.write_text(yaml.safe_dump({"study": recipe, "configs_root": str(configs), "recipe": recipe,
+                                         "datasets": ["kvasir_seg"], "architectures": sorted(TABLE3)}))
+        runs[recipe] = {r.architecture: r.config for r in generate_runs(study)}
+    for arch in TABLE3:
+        c, o = runs["controlled"][arch], runs["official"][arch]
+        assert c.model.arch == o.model.arch == arch
+        assert (o.train.optimizer.name, o.train.optimizer.lr, o.train.optimizer.weight_decay,
+                o.train.batch_size) == ("adamw", 6e-5, 0.05, 16)
+    assert runs["controlled"]["transnext_t_uper"].model.params["img_size"] == 256
