@@ -66,6 +66,8 @@ def imagenet_files(arch: str, encoder: Optional[str] = None) -> list[WeightFile]
     if arch in _ARCH_BACKBONE or arch in _TIMM:
         bb = _ARCH_BACKBONE.get(arch, arch)
         return [WeightFile(_TIMM[bb], None, "model.safetensors", "timm", bb)]
+    if arch == "timm_uper":  # any timm backbone: its default pretrained tag (msb.models.generic.timm_uper)
+        return [_timm_default_file(encoder or "convnext_tiny")]
     if arch in _SMP_DEFAULT:
         from segmentation_models_pytorch.encoders import encoders
 
@@ -79,6 +81,17 @@ def imagenet_files(arch: str, encoder: Optional[str] = None) -> list[WeightFile]
     known = ", ".join(sorted([*_ARCH_BACKBONE, *_SMP_DEFAULT]))
     raise MSBError(f"model.encoder_weights: imagenet is known for {known}, not '{arch}'; use a local file "
                    f"(encoder_weights: PATH) or none")
+
+
+def _timm_default_file(name: str) -> WeightFile:
+    """The hub file of timm model ``name``'s default pretrained tag. Raises MSBError when it has none."""
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(name) if timm.is_model(name) else None
+    if cfg is None or not getattr(cfg, "hf_hub_id", None):
+        raise MSBError(f"model.encoder_weights: imagenet: timm has no hub weights for '{name}'; use a local file "
+                       f"(encoder_weights: PATH) or none")
+    return WeightFile(cfg.hf_hub_id, None, "model.safetensors", "timm", name)
 
 
 def cache_dir() -> Path:

@@ -29,6 +29,9 @@ _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.
                     "msb.models.paper.missformer",
                     "msb.models.paper.hiformer",
                     "msb.models.paper.swin_umamba",
+                    "msb.models.generic.timm_uper",
+                    "msb.models.paper.transnext",
+                    "msb.models.paper.internimage",
                     )
 
 

@@ -13,7 +13,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ALL = ["unet_r18", "unet_r34", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "g_cascade", "segformer_b0",
        "segformer_b2", "unet_mnv3s", "unet_mnv3s075", "unet_tiny",
        "unet_classic", "segformer_b3", "vwformer_mit_b3", "vwformer_convnext_s", "cenet_pvt_b3",
-       "segnext_l", "missformer", "hiformer_b", "swin_umamba"]
+       "segnext_l", "missformer", "hiformer_b", "swin_umamba",
+       "uper_convnext_t", "transnext_t_uper", "internimage_t_uper"]
 
 
 def test_the_recipe_files():
