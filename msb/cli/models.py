@@ -23,8 +23,12 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
     from msb.cli.format import emit_frame
     from msb.cli.catalog import architecture_catalog
-    from msb.models.registry import available_architectures
+    from msb.models.registry import architecture_class, available_architectures
 
     fmt = resolve_format(format)
     emit_frame(architecture_catalog(configs, params), fmt, f"Architecture configs in {configs}")
     status_log(fmt)(f"registry adapters: {', '.join(available_architectures())}")
+    for name in available_architectures():  # generic adapters (msb/models/generic/) say how a config names them
+        example = getattr(architecture_class(name), "config_example", None)
+        if example:
+            status_log(fmt)(f"generic adapter {name}: {example}")

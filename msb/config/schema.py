@@ -138,13 +138,16 @@ class ModelConfig(StrictModel):
     checkpoint: Optional[str] = None
     target: Optional[str] = None
     params: dict[str, Any] = Field(default_factory=dict)
+    # ``arch: smp`` (msb.models.generic.smp_any): the segmentation-models-pytorch class, e.g. DeepLabV3Plus
+    smp_arch: Optional[str] = None
 
     @model_serializer(mode="wrap")
     def _omit_unset_new_keys(self, handler: Any) -> dict[str, Any]:
-        """Dump without ``checkpoint`` / ``target`` while unset (config hashes of existing studies stay)."""
+        """Dump without ``checkpoint`` / ``target`` / ``smp_arch`` while unset (config hashes of existing studies
+        stay)."""
         data = handler(self)
         if isinstance(data, dict):
-            for key in ("checkpoint", "target"):
+            for key in ("checkpoint", "target", "smp_arch"):
                 if data.get(key) is None:
                     data.pop(key, None)
         return data

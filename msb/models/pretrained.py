@@ -32,7 +32,8 @@ IMAGENET = "imagenet"
 _TIMM = {"res2net50_v1b": "timm/res2net50d.in1k", "pvt_v2_b2": "timm/pvt_v2_b2.in1k"}
 _ARCH_BACKBONE = {"pranet": "res2net50_v1b", "sanet": "res2net50_v1b", "polyp_pvt": "pvt_v2_b2",
                   "pvt_cascade": "pvt_v2_b2", "g_cascade": "pvt_v2_b2"}
-_SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2"}
+_SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2",
+                "smp": "resnet34"}  # arch smp (msb.models.generic.smp_any): model.encoder, else smp's default
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ __all__ = ["register", "available_architectures", "architecture_class", "build_m
 
 _REGISTRY: dict[str, type] = {}
 _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.zoo.polyp_pvt", "msb.models.zoo.sanet",
-                    "msb.models.zoo.pvt_cascade", "msb.models.zoo.g_cascade", "msb.models.zoo.segformer")
+                    "msb.models.zoo.pvt_cascade", "msb.models.zoo.g_cascade", "msb.models.zoo.segformer",
+                    "msb.models.generic.smp_any")
 
 
 def register(name: str) -> Callable[[type], type]:

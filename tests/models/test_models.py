@@ -31,8 +31,10 @@ SPECS = {
     "pvt_cascade": ({}, 64, [32, 16, 8, 4], "sum"),
     "g_cascade": ({"img_size": 128}, 128, [32, 16, 8, 4], "sum"),  # minimum size for k = 11 (see module doc)
     "segformer": ({}, 64, [1], "first"),
+    "smp": ({}, 64, [1], "first"),  # generic adapter; every smp class: tests/models/test_smp_generic.py
 }
-ENCODER = {"unet": "resnet18", "segformer": "mit_b0"}
+ENCODER = {"unet": "resnet18", "segformer": "mit_b0", "smp": "resnet18"}
+MODEL_KEYS = {"smp": {"smp_arch": "DeepLabV3Plus"}}  # further ModelConfig keys of a generic adapter
 ARCHS = available_architectures()
 
 _CACHE: dict[tuple, torch.nn.Module] = {}
@@ -43,7 +45,8 @@ def _model(arch: str, num_classes: int = 1, **extra) -> torch.nn.Module:
     key = (arch, num_classes, tuple(sorted(extra.items())))
     if key not in _CACHE:
         params, *_ = SPECS[arch]
-        cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params={**params, **extra})
+        cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params={**params, **extra},
+                          **MODEL_KEYS.get(arch, {}))
         torch.manual_seed(0)
         _CACHE[key] = build_model(cfg, num_classes)
     return _CACHE[key]
@@ -184,7 +187,7 @@ def test_built_for_loading_equals_a_plain_build_and_load(arch: str):
     from msb.models.two_prediction import built_for_loading
 
     params, size, _, _ = SPECS[arch]
-    cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params=params)
+    cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params=params, **MODEL_KEYS.get(arch, {}))
     torch.manual_seed(1)
     trained = build_model(cfg, 1).eval()
     state = trained.state_dict()
