@@ -12,6 +12,7 @@ from msb.models import available_architectures
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ALL = ["unet_r18", "unet_r34", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "g_cascade", "segformer_b0",
        "segformer_b2", "unet_mnv3s", "unet_mnv3s075", "unet_tiny"]
+ALL += ["deeplabv3plus_r50"]  # the generic smp adapter's example
 
 
 def test_the_recipe_files():

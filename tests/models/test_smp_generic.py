@@ -37,8 +37,8 @@ def _n(m: torch.nn.Module) -> int:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_builds_like_smp_and_trains_one_step(name: str):
     """Same parameter count as ``smp.<name>(encoder_name, encoder_weights=None, classes=3, **params)`` (DPT: plus
-    ``dynamic_img_size=True``, which adds no parameter); a 2x3xSxS batch (S = 64; PAN 128) gives (2, 3, S, S) logits and one
-    AdamW step on BCE lowers nothing to NaN and changes the first encoder weight."""
+    ``dynamic_img_size=True``, which adds no parameter); a 2x3xSxS batch (S = 64; PAN 128) gives (2, 3, S, S)
+    logits and one AdamW step on BCE lowers nothing to NaN and changes the first encoder weight."""
     encoder, params = CASES[name]
     size = 128 if name == "PAN" else 64  # PAN's feature-pyramid attention pools stride-16 features 3 more times
     model = build_model(ModelConfig(arch="smp", smp_arch=name, encoder=encoder, params=params), 3)
