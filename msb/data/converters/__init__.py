@@ -13,10 +13,9 @@ Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder
 PraNet-layout collection through the ``pranet`` converter, :mod:`msb.data.synth_pranet`), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
 ``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
-(:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`), ``merge`` (prepared datasets -> one multi-source dataset,
-:mod:`.merge`; ``source`` ignored); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
-:mod:`.fetch`. Names are case-insensitive and ``_``
-is accepted for ``-``.
+(:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`), ``camus`` (:mod:`.camus`), ``merge`` (prepared datasets -> one
+multi-source dataset, :mod:`.merge`; ``source`` ignored); source layouts each converter accepts: :mod:`.layouts`; a
+URL or archive as source: :mod:`.fetch`. Names are case-insensitive and ``_`` is accepted for ``-``.
 """
 
 from __future__ import annotations
@@ -114,6 +113,7 @@ from msb.data.converters.isic2018 import convert_isic2018_task1  # noqa: E402
 from msb.data.converters.pranet import convert_pranet  # noqa: E402
 from msb.data.converters.polyp_sets import convert_cvc_300, convert_cvc_colondb, convert_etis_larib  # noqa: E402
 from msb.data.converters.merge import convert_merge  # noqa: E402
+from msb.data.converters.camus import convert_camus  # noqa: E402
 
 #: converter name -> callable(source, out, **options) -> ConversionReport
 CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
@@ -131,6 +131,7 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "cvc-300": convert_cvc_300,
     "bcss": convert_bcss,
     "merge": _merge,
+    "camus": convert_camus,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",
