@@ -46,7 +46,7 @@ def ranking_sensitivity_gic(counts: pd.DataFrame, i_rule: str = "image-foregroun
 
     Returns:
         One row per (dataset, split, input_size, pair): ``dataset, split, input_size, pair`` (``"G vs. I"``),
-        ``rho, n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
+        ``msb_rule_a, msb_rule_b`` (the msb rule behind each letter, e.g. ``image-foreground`` for I), ``rho, n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
         architecture in ``dice_by_rule`` (a ``{arch: {G, I, C}}`` JSON-able dict).
 
     Raises:
@@ -75,6 +75,7 @@ def ranking_sensitivity_gic(counts: pd.DataFrame, i_rule: str = "image-foregroun
             sens = ranking_sensitivity(scores, reference=(a, "dice")).set_index("aggregation")
             ra, rb = sens.loc[a], sens.loc[b]
             out.append({"dataset": ds, "split": sp, "input_size": int(size), "pair": f"{a} vs. {b}",
+                        "msb_rule_a": rules[a], "msb_rule_b": rules[b],
                         "rho": float(rb["spearman_rho"]), "n_changed": int(rb["n_rank_changes"]),
                         "n_systems": int(rb["n_systems"]), "winner_changed": bool(rb["winner_changed"]),
                         "winner_a": ra["winner"], "winner_b": rb["winner"], "dice_by_rule": dice})
