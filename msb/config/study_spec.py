@@ -239,6 +239,9 @@ class AnalysesSpec(StrictModel):
       already below the study folder, else the efficiency table is skipped with its reason).
     - ``n_boot``, ``seed``, ``level``: bootstrap replicates (Wilcoxon CIs and the resolution ΔDSC), seed, level.
     - ``allow_mixed_protocols``: as ``--allow-mixed-protocols``.
+    - ``efficiency_num_classes``: when the study profiles a model at several class counts (datasets with different
+      classes), the count the efficiency table shows (the MSB paper timed a NeoPolyp checkpoint: 2); default the
+      first profiled.
     """
 
     names: list[str] = Field(default_factory=lambda: ["all"], min_length=1)
@@ -247,6 +250,7 @@ class AnalysesSpec(StrictModel):
     seed: int = 0
     level: float = Field(default=0.95, gt=0.0, lt=1.0)
     allow_mixed_protocols: bool = False
+    efficiency_num_classes: Optional[int] = Field(default=None, ge=1)
 
 
 class FinalSpec(StrictModel):
