@@ -43,8 +43,7 @@ def architecture_catalog(configs_root: Path, params: bool = False) -> pd.DataFra
         arch = str(model.get("arch", "?"))
         div = int(getattr(architecture_class(arch, f"{f}: key 'model.arch'"), "size_divisor", 1) or 1)
         size = (layer.get("data") or {}).get("input_size")
-        shown = f"{arch} ({model['smp_arch']})" if model.get("smp_arch") else arch  # generic adapter: its class
-        row = {"config": f.stem, "adapter": shown, "encoder": str(model.get("encoder") or "-"),
+        row = {"config": f.stem, "adapter": arch, "encoder": str(model.get("encoder") or "-"),
                "input_size": f"{size[0]}x{size[1]}" if size else "from the dataset config",
                "input_rule": f"H, W multiples of {div} px" if div > 1 else "any H, W"}
         if params:

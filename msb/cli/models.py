@@ -27,8 +27,8 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
 
     fmt = resolve_format(format)
     emit_frame(architecture_catalog(configs, params), fmt, f"Architecture configs in {configs}")
-    status_log(fmt)(f"registry adapters: {', '.join(available_architectures())}")
     for name in available_architectures():  # generic adapters (msb/models/generic/) say how a config names them
         example = getattr(architecture_class(name), "config_example", None)
         if example:
             status_log(fmt)(f"generic adapter {name}: {example}")
+    status_log(fmt)(f"registry adapters: {', '.join(available_architectures())}")
