@@ -76,6 +76,12 @@ def test_clear_errors_for_unknown_arch_and_keys():
         build_model(ModelConfig(arch="smp", smp_arch="DPT", encoder="resnet18"), 1)
 
 
+def test_unset_smp_arch_is_unet():
+    """``model: {arch: smp}`` alone builds smp's Unet with its default ResNet-34 (as every registry name builds)."""
+    a = build_model(ModelConfig(arch="smp"), 1)
+    assert _n(a) == _n(smp.Unet(encoder_name="resnet34", encoder_weights=None, classes=1))
+
+
 def test_smp_arch_is_left_out_of_other_configs_dump():
     """Config hashes of existing studies stay: smp_arch is dumped only when set."""
     assert "smp_arch" not in ModelConfig(arch="unet").model_dump()

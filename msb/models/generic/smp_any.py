@@ -6,7 +6,7 @@ Config (``model:``)::
             params: {encoder_output_stride: 16, decoder_channels: 256}}
 
 ``smp_arch`` is the smp class name (:data:`SMP_ARCHS`: Unet, UnetPlusPlus, FPN, PSPNet, DeepLabV3,
-DeepLabV3Plus, Linknet, MAnet, PAN, UPerNet, Segformer, DPT; case-insensitive), ``encoder`` any smp encoder
+DeepLabV3Plus, Linknet, MAnet, PAN, UPerNet, Segformer, DPT; case-insensitive; unset = Unet), ``encoder`` any smp encoder
 name (``resnet18``, ``mit_b2``, ``tu-convnext_tiny`` for a timm backbone, ...; default :data:`DEFAULT_ENCODER`),
 ``params`` the class's keyword arguments. ``encoder_name``, ``encoder_weights`` and ``classes`` are set by msb
 (``classes`` = the dataset's foreground classes, sigmoid per channel) and are refused in ``params``; any other
@@ -44,11 +44,13 @@ from msb.models.pretrained import IMAGENET, pretrained_guard
 from msb.models.registry import register
 from msb.models.weights import load_local_weights
 
-__all__ = ["SmpModel", "SMP_ARCHS", "DEFAULT_ENCODER", "smp_class", "smp_kwargs"]
+__all__ = ["SmpModel", "SMP_ARCHS", "DEFAULT_SMP_ARCH", "DEFAULT_ENCODER", "smp_class", "smp_kwargs"]
 
 #: the smp architectures this adapter builds (smp 0.6 class names)
 SMP_ARCHS: tuple[str, ...] = ("Unet", "UnetPlusPlus", "FPN", "PSPNet", "DeepLabV3", "DeepLabV3Plus", "Linknet",
                               "MAnet", "PAN", "UPerNet", "Segformer", "DPT")
+#: class when ``model.smp_arch`` is unset (so that ``model: {arch: smp}`` alone builds, like every registry name)
+DEFAULT_SMP_ARCH = "Unet"
 #: encoder when ``model.encoder`` is unset (smp's own defaults)
 DEFAULT_ENCODER: dict[str, str] = {**{a: "resnet34" for a in SMP_ARCHS}, "Segformer": "mit_b0",
                                    "DPT": "tu-vit_base_patch16_224.augreg_in21k"}
@@ -59,15 +61,15 @@ _REFUSED = {"activation": "msb applies the sigmoid itself and needs raw logits",
 
 
 def smp_class(name: str | None, where: str = "model.smp_arch") -> type:
-    """The smp class for ``name`` (case-insensitive member of :data:`SMP_ARCHS`).
+    """The smp class for ``name`` (case-insensitive member of :data:`SMP_ARCHS`; None = :data:`DEFAULT_SMP_ARCH`).
 
     Raises:
-        MSBError: unset or unknown name (one line listing the valid ones).
+        MSBError: unknown name (one line listing the valid ones).
     """
     by_lower = {a.lower(): a for a in SMP_ARCHS}
-    if not name or str(name).lower() not in by_lower:
-        got = f"'{name}'" if name else "nothing"
-        raise MSBError(f"{where}: arch smp needs smp_arch, one of {', '.join(SMP_ARCHS)}; got {got}")
+    name = DEFAULT_SMP_ARCH if name is None else name
+    if str(name).lower() not in by_lower:
+        raise MSBError(f"{where}: arch smp needs smp_arch, one of {', '.join(SMP_ARCHS)}; got '{name}'")
     return getattr(smp, by_lower[str(name).lower()])
 
 
