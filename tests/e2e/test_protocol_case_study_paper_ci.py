@@ -1,10 +1,11 @@
 """``msb run configs/protocols/msb_case_study_paper_ci.yaml`` end to end (issue 36): a 3-class NeoPolyp-like and a
 4-class CAMUS-like synthetic set (patient groups) x 2 tiny architectures x 32 / 64 px, 3 group-aware folds, the
-NeoPolyp-like folds and their strict-majority ensemble on a binary external set with the two classes united; then one cell of each of the paper's outputs recomputed independently from the stored files:
-class-macro, msb image-macro and the paper's image-macro (msb image-foreground) Dice by hand from the counts,
-ρ with scipy.stats.spearmanr (Table 2), a plain NumPy fold-stratified bootstrap loop (Figure 3), the parameter
-count of the network built with segmentation-models-pytorch directly (Table 3), the majority vote of the stored
-fold masks (Figure 4); patient folds never split a patient."""
+NeoPolyp-like folds and their strict-majority ensemble on a binary external set with the two classes united;
+then one cell of each of the paper's outputs recomputed independently from the stored files: class-macro, msb
+image-macro and the paper's image-macro (msb image-foreground) Dice by hand from the counts, ρ with
+scipy.stats.spearmanr (Table 2), a plain NumPy fold-stratified bootstrap loop (Figure 3), the parameter count of
+the network built with segmentation-models-pytorch directly (Table 3), the majority vote of the stored fold masks
+(Figure 4); patient folds never split a patient."""
 
 from __future__ import annotations
 
@@ -167,7 +168,8 @@ def test_figure3_interval_matches_a_numpy_bootstrap_loop(study: Path):
     t = pd.read_csv(study / "protocol" / "tables" / "resolution_delta.csv")
     row = t[(t["Dataset"] == "synthetic_ci_neopolyp") & (t["Architecture"] == "unet_tiny")].iloc[0]
     assert float(row["ΔDSC (pp)"]) == pytest.approx(100 * float(_dice(*b.sum(0)) - _dice(*s.sum(0))))
-    assert float(row["CI low (pp)"]) == pytest.approx(100 * lo) and float(row["CI high (pp)"]) == pytest.approx(100 * hi)
+    assert float(row["CI low (pp)"]) == pytest.approx(100 * lo)
+    assert float(row["CI high (pp)"]) == pytest.approx(100 * hi)
     assert int(row["Units"]) == len(small) and int(row["Folds"]) == 3
 
 

@@ -46,7 +46,8 @@ def ranking_sensitivity_gic(counts: pd.DataFrame, i_rule: str = "image-foregroun
 
     Returns:
         One row per (dataset, split, input_size, pair): ``dataset, split, input_size, pair`` (``"G vs. I"``),
-        ``msb_rule_a, msb_rule_b`` (the msb rule behind each letter, e.g. ``image-foreground`` for I), ``rho, n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
+        ``msb_rule_a, msb_rule_b`` (the msb rule behind each letter, e.g. ``image-foreground`` for I), ``rho,
+        n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
         architecture in ``dice_by_rule`` (a ``{arch: {G, I, C}}`` JSON-able dict).
 
     Raises:

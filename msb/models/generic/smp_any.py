@@ -6,8 +6,9 @@ Config (``model:``)::
             params: {encoder_output_stride: 16, decoder_channels: 256}}
 
 ``smp_arch`` is the smp class name (:data:`SMP_ARCHS`: Unet, UnetPlusPlus, FPN, PSPNet, DeepLabV3,
-DeepLabV3Plus, Linknet, MAnet, PAN, UPerNet, Segformer, DPT; case-insensitive; unset = Unet), ``encoder`` any smp encoder
-name (``resnet18``, ``mit_b2``, ``tu-convnext_tiny`` for a timm backbone, ...; default :data:`DEFAULT_ENCODER`),
+DeepLabV3Plus, Linknet, MAnet, PAN, UPerNet, Segformer, DPT; case-insensitive; unset = Unet), ``encoder`` any smp
+encoder name (``resnet18``, ``mit_b2``, ``tu-convnext_tiny`` for a timm backbone, ...; default
+:data:`DEFAULT_ENCODER`),
 ``params`` the class's keyword arguments. ``encoder_name``, ``encoder_weights`` and ``classes`` are set by msb
 (``classes`` = the dataset's foreground classes, sigmoid per channel) and are refused in ``params``; any other
 key must be an argument of that smp class, except that with a timm encoder (``tu-``) unknown keys are passed
