@@ -19,7 +19,7 @@ __all__ = ["data_prepare", "data_synth", "data_merge", "data_validate"]
 @app.command("prepare")
 def data_prepare(name: str = typer.Argument(..., help="Converter: kvasir-seg | pranet | cvc-clinicdb | cvc-colondb | "
                                                       "etis-larib | cvc-300 | isic2018-task1 | busi | "
-                                                      "bkai-igh-neopolyp | bcss | folder | synthetic | "
+                                                      "bkai-igh-neopolyp | bcss | camus | folder | synthetic | "
                                                       "synthetic-pranet."),
                  source: Optional[str] = typer.Option(None, help="Raw dataset folder, .zip/.tar archive or http(s) "
                                                                  "URL of one (downloaded to a temporary file)."),

@@ -27,7 +27,7 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     """List the architecture configs a study can name, with registry adapter, encoder and input-size rule."""
     from msb.cli.format import emit_frame
     from msb.cli.catalog import architecture_catalog
-    from msb.models.registry import available_architectures
+    from msb.models.registry import architecture_class, available_architectures
 
     fmt = resolve_format(format)
     if num_classes < 1:
@@ -42,4 +42,8 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
 
         log(f"params (M) = sum(p.numel()) / 1e6 at {num_classes} output maps"
             + (f"; {CONVENTION_TEXT}" if gmacs_at else ""))
+    for name in available_architectures():  # generic adapters (msb/models/generic/) say how a config names them
+        example = getattr(architecture_class(name), "config_example", None)
+        if example:
+            log(f"generic adapter {name}: {example}")
     log(f"registry adapters: {', '.join(available_architectures())}")

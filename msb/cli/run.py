@@ -38,10 +38,30 @@ def generate(study: Path = typer.Argument(..., help="Study YAML (e.g. configs/st
         table.add_row(r.run_id, r.dataset, r.architecture, r.config_hash[:16], str(folder))
         written.append(folder)
     console.print(table)
+    log(plan_size_line(study, runs, excluded))
     if written:
         log(f"wrote {len(written)} config-only run folder(s) (config.yaml, config.sha256) under "
             f"{written[0].parent}; `msb run {study}` trains them, `msb report` lists them as generated, not run "
             f"until then; to remove them: rm -r {' '.join(str(w) for w in written)}")
+
+
+def plan_size_line(study: Path, runs: list, excluded: list) -> str:
+    """``run plan: U units, T trainings (...), E excluded``: units = generated run configs (dataset x architecture
+    x axis values), trainings per unit = search trials (grid points, or Hyperband's n_trials) + K folds (or 1
+    final run without cross-validation); ``excluded`` = exclusion records (:func:`msb.config.generate.generate_runs`).
+    """
+    from msb.config.generate import load_study
+    from msb.config.study_spec import grid_points
+
+    spec, _ = load_study(study)
+    s = spec.search
+    trials = 0 if s is None or s.method == "none" else (len(grid_points(s.params)) if s.method == "grid"
+                                                         else int(s.n_trials or 0))
+    final = spec.cross_validation.k if spec.cross_validation else 1
+    excl_archs = sorted({e["architecture"] for e in excluded})
+    return (f"run plan: {len(runs)} units, {len(runs) * (trials + final)} trainings ({trials} search trial(s) + "
+            f"{final} {'fold' if spec.cross_validation else 'final'} run(s) per unit); {len(excluded)} unit(s) "
+            f"excluded" + (f" (architectures {', '.join(excl_archs)})" if excl_archs else ""))
 
 
 @app.command()

@@ -70,6 +70,9 @@ class StudySpec(StrictModel):
     contrasts: Optional[ContrastsSpec] = None
     # protocol analyses written at the end of msb run (docs/protocols.md); not part of any unit's spec hash
     analyses: Optional[AnalysesSpec] = None
+    # ``exclude``: an architecture without a config file, or whose model.arch is not registered in this
+    # installation, gets no unit and is recorded as excluded (a cohort declared before all its models exist)
+    unavailable_architectures: Literal["refuse", "exclude"] = "refuse"
 
 
 @dataclass(frozen=True)
@@ -249,14 +252,17 @@ def generate_runs(study_path: str | Path, exclusions: list[dict[str, Any]] | Non
     glob = load_layer(root / "global.yaml")
     check_keys(glob.data, RunConfig, str(root / "global.yaml"), glob.provenance)
     runs: list[GeneratedRun] = []
-    for kind, names in (("datasets", spec.datasets), ("architectures", spec.architectures)):
+    archs = list(spec.architectures)
+    if spec.unavailable_architectures == "exclude":
+        archs = _available_architectures(spec, root, study_path, exclusions)
+    for kind, names in (("datasets", spec.datasets), ("architectures", archs)):
         for name in names:
             check_config_name(root, kind, name, study_path)
     for ds in spec.datasets:
         failed: dict[str, list[tuple[str, SizeNotDivisibleError]]] = {}  # axis value -> (arch, error)
         ds_layer = load_layer(root / "datasets" / f"{ds}.yaml")
         check_keys(ds_layer.data, RunConfig, str(root / "datasets" / f"{ds}.yaml"), ds_layer.provenance)
-        for arch in spec.architectures:
+        for arch in archs:
             arch_layer = load_layer(root / "architectures" / f"{arch}.yaml")
             check_keys(arch_layer.data, RunConfig, str(root / "architectures" / f"{arch}.yaml"),
                        arch_layer.provenance)
@@ -286,12 +292,39 @@ def generate_runs(study_path: str | Path, exclusions: list[dict[str, Any]] | Non
                                        "architecture": arch, "input_size": int(combo["data.input_size"][0]),
                                        "reason": f"input size not divisible: {exc}"})
         for value, errs in failed.items():
-            if len(errs) == len(spec.architectures):  # no architecture can run it: a typo, not an exclusion
+            if len(errs) == len(archs):  # no architecture can run it: a typo, not an exclusion
                 raise errs[0][1]
     ids = [r.run_id for r in runs]
     if len(set(ids)) != len(ids):
         raise MSBError(f"{study_path}: two runs share one id; list each dataset and architecture once")
     return runs
+
+
+def _available_architectures(spec: StudySpec, root: Path, study_path: Path,
+                             exclusions: list[dict[str, Any]] | None) -> list[str]:
+    """``unavailable_architectures: exclude``: the study's architectures that have a config file whose
+    ``model.arch`` is registered (or a ``model.target``); each other one is appended to ``exclusions`` once per
+    dataset x input size of the ``data.input_size`` axis (``input_size`` -1 without that axis) with the reason.
+    The list may be empty (``msb generate`` then writes an empty plan; ``msb run`` refuses it)."""
+    from msb.models.registry import available_architectures  # models import torch: only when generating
+
+    registered, keep = set(available_architectures()), []
+    sizes = list(spec.axes.get("data.input_size", [])) or [None]
+    for arch in spec.architectures:
+        f = root / "architectures" / f"{arch}.yaml"
+        model = (load_layer(f).data.get("model") or {}) if f.is_file() else {}
+        if f.is_file() and (model.get("target") or model.get("arch") in registered):
+            keep.append(arch)
+            continue
+        reason = (f"not available in this installation: no {f}" if not f.is_file() else
+                  f"not available in this installation: model.arch {model.get('arch')!r} of {f} is not registered")
+        for ds in spec.datasets:
+            for size in sizes:
+                if exclusions is not None:
+                    slug = f"-{axes_slug({'data.input_size': size})}" if size is not None else ""
+                    exclusions.append({"unit": f"{ds}-{arch}{slug}", "dataset": ds, "architecture": arch,
+                                       "input_size": int(size[0]) if size is not None else -1, "reason": reason})
+    return keep
 
 
 def _one_run(spec: StudySpec, study_path: Path, ds: str, arch: str, merged: dict[str, Any], prov: Provenance,

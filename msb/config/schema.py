@@ -124,12 +124,12 @@ class ModelConfig(StrictModel):
     """Architecture: ``arch`` is a registry name (``msb.models.available_architectures()``), a name of the entry
     point group ``msb.models``, or, with ``target``, a free label of a user model.
 
-    ``encoder_weights`` is ``None`` (random init, the default), ``imagenet`` (the library's ImageNet weights via
-    timm/smp's own Hugging Face download and cache, ``msb weights fetch``) or a path to a local
-    ``.pth``/``.pt``/``.safetensors`` state dict of the encoder. ``checkpoint`` is a whole-model state dict (our
-    names, or an official release of a polyp adapter: ``msb.models.released``) loaded after building.
-    ``target`` (``package.module:Name``) is an importable class or factory of a user model
-    (``msb.models.user``). ``params`` go to the adapter's (or target's) constructor.
+    ``encoder_weights``: ``None`` (random init, default), ``imagenet`` (the library's ImageNet weights via timm/smp's
+    own Hugging Face download and cache, ``msb weights fetch``) or a local ``.pth``/``.pt``/``.safetensors`` state
+    dict of the encoder. ``checkpoint``: a whole-model state dict (our names, or an official release of a polyp
+    adapter: ``msb.models.released``) loaded after building. ``target`` (``package.module:Name``): an importable
+    class or factory of a user model (``msb.models.user``). ``params`` go to the adapter's (or target's)
+    constructor. ``smp_arch``: the smp class of ``arch: smp`` (``msb.models.generic.smp_any``).
     """
 
     arch: str
@@ -138,15 +138,15 @@ class ModelConfig(StrictModel):
     checkpoint: Optional[str] = None
     target: Optional[str] = None
     params: dict[str, Any] = Field(default_factory=dict)
+    smp_arch: Optional[str] = None
 
     @model_serializer(mode="wrap")
     def _omit_unset_new_keys(self, handler: Any) -> dict[str, Any]:
-        """Dump without ``checkpoint`` / ``target`` while unset (config hashes of existing studies stay)."""
+        """Dump without ``checkpoint`` / ``target`` / ``smp_arch`` while unset (existing config hashes stay)."""
         data = handler(self)
-        if isinstance(data, dict):
-            for key in ("checkpoint", "target"):
-                if data.get(key) is None:
-                    data.pop(key, None)
+        for key in ("checkpoint", "target", "smp_arch") if isinstance(data, dict) else ():
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     @field_validator("encoder_weights")

@@ -186,6 +186,11 @@ class ExternalSpec(StrictModel):
       reference of that model class; external classes not listed count as background. Default: identity
       when both datasets have the same foreground class ids.
     - ``max_samples``: evaluate only the first N samples by ``sample_id`` (smoke tests only).
+    - ``for_datasets``: only the units trained on these study datasets are evaluated on it (default: all).
+    - ``merge_model_classes``: merged class name -> model classes (ids or names) whose predictions are united
+      before scoring (pixel-wise OR; e.g. ``{polyp: [neoplastic, non_neoplastic]}`` scores a 3-class NeoPolyp
+      model on a binary polyp set); ``class_map`` keys then name the merged classes. Every model foreground class
+      must be in exactly one group.
     """
 
     dataset: str
@@ -193,6 +198,17 @@ class ExternalSpec(StrictModel):
     split: str = "all"
     class_map: Optional[dict[Union[int, str], list[Union[int, str]]]] = None
     max_samples: Optional[int] = Field(None, gt=0)
+    for_datasets: Optional[list[str]] = None
+    merge_model_classes: Optional[dict[str, list[Union[int, str]]]] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: Any) -> dict[str, Any]:
+        """Dump without ``for_datasets`` / ``merge_model_classes`` while unset (existing hashes stay)."""
+        data = handler(self)
+        for key in ("for_datasets", "merge_model_classes") if isinstance(data, dict) else ():
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
     @field_validator("name")
     @classmethod
@@ -223,6 +239,9 @@ class AnalysesSpec(StrictModel):
       already below the study folder, else the efficiency table is skipped with its reason).
     - ``n_boot``, ``seed``, ``level``: bootstrap replicates (Wilcoxon CIs and the resolution ΔDSC), seed, level.
     - ``allow_mixed_protocols``: as ``--allow-mixed-protocols``.
+    - ``efficiency_num_classes``: when the study profiles a model at several class counts (datasets with different
+      classes), the count the efficiency table shows (the MSB paper timed a NeoPolyp checkpoint: 2); default the
+      first profiled.
     """
 
     names: list[str] = Field(default_factory=lambda: ["all"], min_length=1)
@@ -231,6 +250,7 @@ class AnalysesSpec(StrictModel):
     seed: int = 0
     level: float = Field(default=0.95, gt=0.0, lt=1.0)
     allow_mixed_protocols: bool = False
+    efficiency_num_classes: Optional[int] = Field(default=None, ge=1)
 
 
 class FinalSpec(StrictModel):

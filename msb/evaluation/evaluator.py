@@ -91,6 +91,10 @@ class ExternalTarget:
         class_map: model foreground class id -> external class ids whose union is that class's reference
             (external classes not listed are background); see :func:`map_reference_classes`.
         out_dir: folder for ``counts.parquet``, ``predictions/`` and ``metrics.parquet``.
+        merge: optional merge of the model's predicted classes before scoring: merged class id -> model class
+            ids whose predictions are united (pixel-wise OR of the binary predictions, max of the probabilities);
+            ``class_map`` and the counts then use the merged classes ``merged_classes``.
+        merged_classes: the merged foreground classes (``ClassSpec``), in channel order.
     """
 
     dataset: PreparedDataset
@@ -99,6 +103,8 @@ class ExternalTarget:
     sample_ids: list[str]
     class_map: dict[int, tuple[int, ...]]
     out_dir: Path
+    merge: dict[int, tuple[int, ...]] | None = None
+    merged_classes: list | None = None
 
 
 def map_reference_classes(ref: np.ndarray, source_class_ids: list[int], class_map: dict[int, tuple[int, ...]],
@@ -238,6 +244,11 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
     folder ``out_dir``; return the number of images. ``nets``: the network, or the two of the run's
     ``evaluation.two_prediction`` rule (their probabilities averaged)."""
     model = nets[0]
+    merge = external.merge if external is not None else None
+    if merge:  # the model's classes are merged before scoring: counts and references use the merged classes
+        net_class_ids, classes = [c.class_id for c in classes], list(external.merged_classes)
+        net_pos = {c: j for j, c in enumerate(net_class_ids)}
+        merge_idx = [[net_pos[m] for m in merge[c.class_id]] for c in classes]
     if external is not None:
         model_class_ids = [c.class_id for c in classes]
         src_class_ids = [c.class_id for c in external.dataset.foreground_classes]
@@ -290,6 +301,9 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                         F.interpolate(ls[k: k + 1], size=(h, w), mode="bilinear", align_corners=False)[0][None])[0]
                         for net, ls in zip(nets, logits_small)]
                     prob, logits = combine_probabilities(per_net)  # one network: sigmoid(logits), logits
+                    if merge:  # union of the merged classes' predictions = the max of their probabilities/logits
+                        prob = torch.stack([prob[ix].amax(0) for ix in merge_idx])
+                        logits = torch.stack([logits[ix].amax(0) for ix in merge_idx])
                     prob = apply_normalisation(prob, cfg.evaluation.test_time_normalisation)
                     pred = (prob >= thr) if on == "probability" else (logits >= thr)
                     pred_np = pred.cpu().numpy()

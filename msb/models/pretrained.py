@@ -33,7 +33,8 @@ _TIMM = {"res2net50_v1b": "timm/res2net50d.in1k", "pvt_v2_b2": "timm/pvt_v2_b2.i
 _TIMM["convnext_small"] = "timm/convnext_small.fb_in1k"  # VWFormer's ConvNeXt-S (Facebook's ImageNet-1k weights)
 _ARCH_BACKBONE = {"pranet": "res2net50_v1b", "sanet": "res2net50_v1b", "polyp_pvt": "pvt_v2_b2",
                   "pvt_cascade": "pvt_v2_b2", "g_cascade": "pvt_v2_b2"}
-_SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2"}
+_SMP_DEFAULT = {"unet": "resnet34", "segformer": "mit_b2",
+                "smp": "resnet34"}  # arch smp (msb.models.generic.smp_any): model.encoder, else smp's default
 _ARCH_BACKBONE["vwformer_convnext_s"] = "convnext_small"
 _TIMM["pvt_v2_b3"] = "timm/pvt_v2_b3.in1k"
 _ARCH_BACKBONE["cenet_pvt_b3"] = "pvt_v2_b3"

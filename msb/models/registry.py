@@ -32,6 +32,7 @@ _BUILTIN_MODULES = ("msb.models.zoo.unet", "msb.models.zoo.pranet", "msb.models.
                     "msb.models.generic.timm_uper",
                     "msb.models.paper.transnext",
                     "msb.models.paper.internimage",
+                    "msb.models.generic.smp_any",
                     )
 
 

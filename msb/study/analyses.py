@@ -63,7 +63,7 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
             res = run_profile(a.profile.device, (), study_dir, (), (p,), log=log)
             written += list(res.paths)
     opts = {"allow_mixed_protocols": a.allow_mixed_protocols, "seed": a.seed, "level": a.level,
-            "n_boot": a.n_boot, "n_boot_resolution": a.n_boot}
+            "n_boot": a.n_boot, "n_boot_resolution": a.n_boot, "efficiency_num_classes": a.efficiency_num_classes}
     out = write_protocol_analyses(study_dir, names, None, refusals_as_skips=True, **opts)
     written += out
     from msb.analysis.protocol.writers import log_skipped

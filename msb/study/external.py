@@ -10,7 +10,9 @@ pixel-wise union is the reference for that model class; external classes that ar
 background. Every model foreground class must be mapped; an external class may feed one model class only.
 Without ``class_map`` the mapping is the identity, allowed only when both datasets have the same foreground
 class ids. Example: a binary polyp model evaluated on a dataset with classes ``benign`` (1) and ``malignant``
-(2): ``{1: [1, 2]}`` (or ``{polyp: [benign, malignant]}``).
+(2): ``{1: [1, 2]}`` (or ``{polyp: [benign, malignant]}``). The other direction, a multi-class model on a
+binary set, merges the model's predictions first (``merge_model_classes``: :func:`resolve_model_merge`; e.g. a
+NeoPolyp model's neoplastic and non-neoplastic predictions united into ``polyp`` before scoring on Kvasir-SEG).
 
 Outputs: ``<run>/evaluation/external/<name>/<role>/{counts.parquet, predictions/, metrics.parquet, DONE}``;
 counts rows carry ``dataset = <name>``, ``split = <split>`` (``all`` or the external split used), the run's
@@ -34,8 +36,8 @@ from msb.utils.atomic import atomic_write_text
 from msb.utils.hashing import sha256_file, sha256_json
 from msb.utils.progress import Tracker, no_track
 
-__all__ = ["ExternalSet", "load_external_dataset", "resolve_class_map", "parse_class_map_option",
-           "resolve_external", "evaluate_external", "external_eval_dir"]
+__all__ = ["ExternalSet", "load_external_dataset", "resolve_class_map", "resolve_model_merge",
+           "parse_class_map_option", "resolve_external", "evaluate_external", "external_eval_dir"]
 
 
 @dataclass
@@ -57,6 +59,8 @@ class ExternalSet:
     sample_ids: list[str]
     class_map: dict[int, tuple[int, ...]]
     fingerprint: str
+    merge: dict[int, tuple[int, ...]] | None = None
+    merged_classes: list[ClassSpec] | None = None
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description for manifests."""
@@ -64,7 +68,9 @@ class ExternalSet:
                 "n_samples": len(self.sample_ids),
                 "index_sha256": sha256_file(self.dataset.root / "index.csv"),
                 "classes_sha256": sha256_file(self.dataset.root / "classes.csv"),
-                "class_map": {str(k): list(v) for k, v in self.class_map.items()}, "fingerprint": self.fingerprint}
+                "class_map": {str(k): list(v) for k, v in self.class_map.items()}, "fingerprint": self.fingerprint,
+                **({"merge_model_classes": {c.name: list(self.merge[c.class_id]) for c in self.merged_classes}}
+                   if self.merge and self.merged_classes else {})}
 
 
 def load_external_dataset(ref: str, configs_root: Path | None = None, base_dir: Path | None = None,
@@ -223,11 +229,48 @@ def resolve_external(spec: ExternalSpec, model_classes: Sequence[ClassSpec], con
     if not ids:
         raise MSBError(f"{where}: external dataset {name!r} ({ds.root}) has no samples in split {spec.split!r}; "
                        f"use split: all or one of the values of its index.csv split column")
+    merge, merged = None, None
+    if spec.merge_model_classes:
+        merge, merged = resolve_model_merge(spec.merge_model_classes, model_classes,
+                                            f"{where} (external {name!r} merge_model_classes)")
+        model_classes = [ClassSpec(0, "background", (0,)), *merged]
     cmap = resolve_class_map(spec.class_map, model_classes, ds.classes, f"{where} (external {name!r} class_map)")
-    fp = sha256_json({"index": sha256_file(ds.root / "index.csv"), "classes": sha256_file(ds.root / "classes.csv"),
-                      "ids": ids, "split": spec.split, "name": name,
-                      "class_map": {str(k): list(v) for k, v in cmap.items()}})
-    return ExternalSet(name, ds, spec.split, ids, cmap, fp)
+    fields = {"index": sha256_file(ds.root / "index.csv"), "classes": sha256_file(ds.root / "classes.csv"),
+              "ids": ids, "split": spec.split, "name": name, "class_map": {str(k): list(v) for k, v in cmap.items()}}
+    if merge:  # only then: fingerprints of existing external evaluations stay
+        fields["merge_model_classes"] = {str(k): list(v) for k, v in merge.items()}
+    return ExternalSet(name, ds, spec.split, ids, cmap, sha256_json(fields), merge, merged)
+
+
+def resolve_model_merge(groups: dict[str, list[Any]], model_classes: Sequence[ClassSpec], where: str
+                        ) -> tuple[dict[int, tuple[int, ...]], list[ClassSpec]]:
+    """Resolve ``merge_model_classes`` (merged name -> model classes, ids or names).
+
+    Returns:
+        ``(merged class id -> model class ids, merged classes)``; merged ids are 1, 2, ... in the file's order,
+        each :class:`ClassSpec` named by its key (raw values ``(id,)``, never read from a mask).
+
+    Raises:
+        MSBError: an unknown or background model class, a model class in two groups or in none, an empty group.
+    """
+    merge: dict[int, tuple[int, ...]] = {}
+    owner: dict[int, str] = {}
+    for k, (name, members) in enumerate(groups.items(), 1):
+        members = [members] if isinstance(members, (int, str)) else list(members)
+        if not members:
+            raise MSBError(f"{where}: merged class {name!r} lists no model class")
+        ids = []
+        for m in members:
+            c = _class_id(m, model_classes, "model class", where)
+            if c in owner:
+                raise MSBError(f"{where}: model class {m!r} is in two merged classes ({owner[c]!r} and {name!r})")
+            owner[c] = name
+            ids.append(c)
+        merge[k] = tuple(sorted(ids))
+    missing = [c.name for c in model_classes if c.class_id != 0 and c.class_id not in owner]
+    if missing:
+        raise MSBError(f"{where}: model class(es) {missing} are in no merged class; list every foreground class")
+    return merge, [ClassSpec(k, str(name), (k,)) for k, name in enumerate(groups, 1)]
 
 
 def external_eval_dir(run_dir: Path, name: str, role: str) -> Path:
@@ -284,7 +327,8 @@ def evaluate_external(run_dir: Path, roles: Sequence[str], ext: ExternalSet, tra
                 log(f"[{run_dir.name}] external evaluation '{ext.name}' ({role}) already done, skipped")
                 out.append(d / "counts.parquet")
                 continue
-        target = ExternalTarget(ext.dataset, ext.name, ext.split, ext.sample_ids, ext.class_map, d)
+        target = ExternalTarget(ext.dataset, ext.name, ext.split, ext.sample_ids, ext.class_map, d, ext.merge,
+                                ext.merged_classes)
         res = evaluate_checkpoint(run_dir, cfg, train_ds, role, run_dir.name, config_hash, track=track,
                                   fold=run_fold(run_dir), external=target)
         marker["checkpoint_sha256"] = res.checkpoint_sha256 or marker["checkpoint_sha256"]

@@ -51,6 +51,12 @@ __all__ = ["run_study", "write_exclusions", "EXCLUSION_COLUMNS"]
 def _resolve_externals(u: StudyUnit, ds: PreparedDataset, log: Logger) -> None:
     u.externals = []
     for e in (u.spec.final.external if u.spec.final else []):
+        unknown = sorted(set(e.for_datasets or ()) - set(u.spec.datasets))
+        if unknown:
+            raise MSBError(f"{u.study_file}: final.external {e.name or e.dataset!r}: for_datasets {unknown} are not "
+                           f"datasets of the study ({', '.join(u.spec.datasets)})")
+        if e.for_datasets is not None and u.base.dataset not in e.for_datasets:
+            continue  # this external set belongs to other datasets' units
         with file_lock(u.root / "_study" / "locks" / "external.lock"):  # prepared on first use
             u.externals.append(resolve_external(e, ds.classes, u.configs_root, u.study_file.parent,
                                                 str(u.study_file), log))
@@ -97,6 +103,9 @@ def run_study(study_path: str | Path, track: Tracker = no_track, log: Logger = n
     """
     excluded: list[dict[str, Any]] = []
     units = study_units(study_path, run_root, excluded)
+    if not units and excluded:  # e.g. unavailable_architectures: exclude and none of them is installed
+        raise MSBError(f"{study_path}: every unit is excluded, nothing to run ({len(excluded)} exclusions, e.g. "
+                       f"{excluded[0]['unit']}: {excluded[0]['reason']}); `msb generate` lists them all")
     if not units:
         return []
     for e in excluded:

@@ -222,8 +222,8 @@ def test_kvasir_bad_limit(tmp_path: Path) -> None:
 def test_registry_and_unknown_names(tmp_path: Path) -> None:
     assert {"kvasir-seg", "folder", "synthetic", "merge"} <= set(CONVERTERS)
     with pytest.raises(MSBError, match="unknown dataset converter 'nope'; valid names: bcss, bkai-igh-neopolyp, busi, "
-                                       "cvc-300, cvc-clinicdb, cvc-colondb, etis-larib, folder, isic2018-task1, "
-                                       "kvasir-seg, merge, pranet, synthetic"):
+                                       "camus, cvc-300, cvc-clinicdb, cvc-colondb, etis-larib, folder, "
+                                       "isic2018-task1, kvasir-seg, merge, pranet, synthetic"):
         prepare_dataset("nope", tmp_path, tmp_path / "out")
     with pytest.raises(MSBError, match=r"unknown option\(s\) \['bogus'\] for converter 'kvasir-seg'; valid options: "
                                        r"limit, threshold"):

@@ -15,6 +15,7 @@ ALL = ["unet_r18", "unet_r34", "pranet", "polyp_pvt", "sanet", "pvt_cascade", "g
        "unet_classic", "segformer_b3", "vwformer_mit_b3", "vwformer_convnext_s", "cenet_pvt_b3",
        "segnext_l", "missformer", "hiformer_b", "swin_umamba",
        "uper_convnext_t", "transnext_t_uper", "internimage_t_uper"]
+ALL += ["deeplabv3plus_r50"]  # the generic smp adapter's example
 
 
 def test_the_recipe_files():

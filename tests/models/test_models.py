@@ -44,8 +44,10 @@ SPECS = {
     "timm_uper": ({"head_channels": 32, "backbone_kwargs": {"zero_init_last": False}}, 64, [1], "first"),
     "transnext_t_uper": ({}, 64, [1], "first"),
     "internimage_t_uper": ({}, 64, [1], "first"),
+    "smp": ({}, 64, [1], "first"),  # generic adapter; every smp class: tests/models/test_smp_generic.py
 }
-ENCODER = {"unet": "resnet18", "segformer": "mit_b0", "timm_uper": "resnet18"}
+ENCODER = {"unet": "resnet18", "segformer": "mit_b0", "timm_uper": "resnet18", "smp": "resnet18"}
+MODEL_KEYS = {"smp": {"smp_arch": "DeepLabV3Plus"}}  # further ModelConfig keys of a generic adapter
 ARCHS = available_architectures()
 
 _CACHE: dict[tuple, torch.nn.Module] = {}
@@ -56,7 +58,8 @@ def _model(arch: str, num_classes: int = 1, **extra) -> torch.nn.Module:
     key = (arch, num_classes, tuple(sorted(extra.items())))
     if key not in _CACHE:
         params, *_ = SPECS[arch]
-        cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params={**params, **extra})
+        cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params={**params, **extra},
+                          **MODEL_KEYS.get(arch, {}))
         torch.manual_seed(0)
         _CACHE[key] = build_model(cfg, num_classes)
     return _CACHE[key]
@@ -200,7 +203,7 @@ def test_built_for_loading_equals_a_plain_build_and_load(arch: str):
     from msb.models.two_prediction import built_for_loading
 
     params, size, _, _ = SPECS[arch]
-    cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params=params)
+    cfg = ModelConfig(arch=arch, encoder=ENCODER.get(arch), params=params, **MODEL_KEYS.get(arch, {}))
     torch.manual_seed(1)
     trained = build_model(cfg, 1).eval()
     state = trained.state_dict()

@@ -120,6 +120,24 @@ def run(art, options: dict) -> AnalysisOutput:
                               f"`msb profile --study {art.study_dir}`")
     names = architecture_names(art.runs)
     prof = art.profile.assign(model=[names.get(str(m), str(m)) for m in art.profile["model"]])
+    prof, note = _one_class_count(prof, options.get("efficiency_num_classes"))
     t = efficiency_table(prof)
     notes = [f"{lab} profiled as {arch}" for lab, arch in sorted(names.items()) if lab in set(art.profile["model"])]
-    return AnalysisOutput(tables=[t], notes=notes)
+    return AnalysisOutput(tables=[t], notes=notes + ([note] if note else []))
+
+
+def _one_class_count(prof: pd.DataFrame, wanted: int | None) -> tuple[pd.DataFrame, str]:
+    """Profile rows of one output-class count per model: ``wanted`` (``analyses.efficiency_num_classes``) where
+    a model was profiled with it, else the model's first profiled count. Returns the rows and a note naming
+    the counts shown when a model had several (else "")."""
+    if "num_classes" not in prof.columns or prof.groupby("model")["num_classes"].nunique().max() <= 1:
+        return prof, ""
+    keep = []
+    for _, g in prof.groupby("model", sort=False):
+        counts = list(dict.fromkeys(g["num_classes"].astype(int)))
+        pick = int(wanted) if wanted is not None and int(wanted) in counts else counts[0]
+        keep.append(g[g["num_classes"].astype(int) == pick])
+    out = pd.concat(keep).sort_index()
+    shown = sorted(set(out["num_classes"].astype(int)))
+    return out, (f"models profiled at several output-class counts ({sorted(set(prof['num_classes'].astype(int)))}); "
+                 f"the table shows {shown} (analyses.efficiency_num_classes: {wanted})")

@@ -28,7 +28,7 @@ from msb.analysis.protocol.inputs import check_one_protocol
 from msb.analysis.stats.ranking import ranking_sensitivity
 from msb.analysis.counts.rules import rule_values
 
-__all__ = ["PAIRS", "ranking_sensitivity_gic", "ranking_sensitivity_table"]
+__all__ = ["PAIRS", "ranking_sensitivity_gic", "ranking_sensitivity_table", "dice_by_rule_frame"]
 
 #: The compared pairs, in the paper's column order.
 PAIRS: tuple[tuple[str, str], ...] = (("G", "I"), ("G", "C"), ("I", "C"))
@@ -46,7 +46,8 @@ def ranking_sensitivity_gic(counts: pd.DataFrame, i_rule: str = "image-foregroun
 
     Returns:
         One row per (dataset, split, input_size, pair): ``dataset, split, input_size, pair`` (``"G vs. I"``),
-        ``rho, n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
+        ``msb_rule_a, msb_rule_b`` (the msb rule behind each letter, e.g. ``image-foreground`` for I), ``rho,
+        n_changed, n_systems, winner_changed`` (bool), ``winner_a, winner_b`` and the three Dice values per
         architecture in ``dice_by_rule`` (a ``{arch: {G, I, C}}`` JSON-able dict).
 
     Raises:
@@ -75,6 +76,7 @@ def ranking_sensitivity_gic(counts: pd.DataFrame, i_rule: str = "image-foregroun
             sens = ranking_sensitivity(scores, reference=(a, "dice")).set_index("aggregation")
             ra, rb = sens.loc[a], sens.loc[b]
             out.append({"dataset": ds, "split": sp, "input_size": int(size), "pair": f"{a} vs. {b}",
+                        "msb_rule_a": rules[a], "msb_rule_b": rules[b],
                         "rho": float(rb["spearman_rho"]), "n_changed": int(rb["n_rank_changes"]),
                         "n_systems": int(rb["n_systems"]), "winner_changed": bool(rb["winner_changed"]),
                         "winner_a": ra["winner"], "winner_b": rb["winner"], "dice_by_rule": dice})
@@ -118,4 +120,18 @@ def run(art, options: dict) -> AnalysisOutput:
     i_rule = options.get("i_rule", "image-foreground")
     tidy = ranking_sensitivity_gic(art.counts, i_rule, options.get("allow_mixed_protocols", False))
     return AnalysisOutput(tables=[ranking_sensitivity_table(tidy, i_rule)],
-                          data={"ranking_sensitivity": tidy.drop(columns="dice_by_rule")})
+                          data={"ranking_sensitivity": tidy.drop(columns="dice_by_rule"),
+                                "ranking_sensitivity_dice": dice_by_rule_frame(tidy, i_rule)})
+
+
+def dice_by_rule_frame(tidy: pd.DataFrame, i_rule: str = "image-foreground") -> pd.DataFrame:
+    """The ranked values: one row per dataset x split x input size x architecture with its foreground Dice under
+    G, I and C (fractions), and the msb rule of each letter in the column names (``G global-micro``,
+    ``I image-foreground``, ``C class-macro``), from :func:`ranking_sensitivity_gic`'s ``dice_by_rule``."""
+    rules = {"G": "global-micro", "I": i_rule, "C": "class-macro"}
+    rows = []
+    for (ds, sp, size), g in tidy.groupby(["dataset", "split", "input_size"], sort=True):
+        for arch, d in sorted(g["dice_by_rule"].iloc[0].items()):
+            rows.append({"dataset": ds, "split": sp, "input_size": int(size), "architecture": arch,
+                         **{f"{k} {rules[k]}": d[k] for k in ("G", "I", "C")}})
+    return pd.DataFrame(rows)

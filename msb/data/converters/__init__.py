@@ -13,10 +13,10 @@ Registered names: ``kvasir-seg`` (:mod:`.kvasir_seg`), ``folder`` (:mod:`.folder
 PraNet-layout collection through the ``pranet`` converter, :mod:`msb.data.synth_pranet`), ``pranet`` (:mod:`.pranet`),
 ``cvc-clinicdb`` (:mod:`.cvc_clinicdb`), ``isic2018-task1`` (:mod:`.isic2018`), ``busi`` (:mod:`.busi`),
 ``bkai-igh-neopolyp`` (:mod:`.bkai_neopolyp`), ``cvc-colondb``, ``etis-larib``, ``cvc-300``
-(:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`), ``merge`` (prepared datasets -> one multi-source dataset,
-:mod:`.merge`; ``source`` ignored); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as source:
-:mod:`.fetch`. Names are case-insensitive and ``_``
-is accepted for ``-``.
+(:mod:`.polyp_sets`), ``bcss`` (:mod:`.bcss`), ``camus`` (:mod:`.camus`), ``synthetic-multiclass``
+(:mod:`msb.data.synth_multiclass`, ``source`` ignored), ``merge`` (prepared datasets -> one multi-source dataset,
+:mod:`.merge`; ``source`` ignored); source layouts each converter accepts: :mod:`.layouts`; a URL or archive as
+source: :mod:`.fetch`. Names are case-insensitive and ``_`` is accepted for ``-``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def _synthetic_pranet(source: str | os.PathLike | None, out: str | os.PathLike, 
     return convert_synthetic_pranet(source, out, **options)
 
 
+def _synthetic_multiclass(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any
+                          ) -> ConversionReport:
+    """Converter wrapper for :func:`msb.data.synth_multiclass.make_multiclass_synthetic` (``source`` ignored)."""
+    from msb.data.synth_multiclass import make_multiclass_synthetic
+
+    return make_multiclass_synthetic(out, **options)
+
+
 def _merge(source: str | os.PathLike | None, out: str | os.PathLike, **options: Any) -> ConversionReport:
     """Converter wrapper for :func:`msb.data.converters.merge.convert_merge` (parts prepared by
     :func:`prepare_dataset`)."""
@@ -65,6 +73,10 @@ def _options_of(fn: Callable[..., Any]) -> list[str]:
 
         fn = convert_synthetic_pranet
         skip = {"source", "out"}
+    elif fn is _synthetic_multiclass:
+        from msb.data.synth_multiclass import make_multiclass_synthetic
+
+        fn, skip = make_multiclass_synthetic, {"out"}
     elif fn is _merge:
         fn, skip = convert_merge, {"source", "out", "prepare"}
     else:
@@ -99,7 +111,7 @@ def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.P
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise MSBError(f"unknown option(s) {unknown} for converter {key!r}; valid options: {', '.join(valid)}.")
-    if key not in ("synthetic", "synthetic-pranet", "merge") and source is None:
+    if key not in ("synthetic", "synthetic-pranet", "synthetic-multiclass", "merge") and source is None:
         raise MSBError(f"converter {key!r} needs a source folder (--source DIR).")
     return fn(source, out, **options)
 
@@ -114,6 +126,7 @@ from msb.data.converters.isic2018 import convert_isic2018_task1  # noqa: E402
 from msb.data.converters.pranet import convert_pranet  # noqa: E402
 from msb.data.converters.polyp_sets import convert_cvc_300, convert_cvc_colondb, convert_etis_larib  # noqa: E402
 from msb.data.converters.merge import convert_merge  # noqa: E402
+from msb.data.converters.camus import convert_camus  # noqa: E402
 
 #: converter name -> callable(source, out, **options) -> ConversionReport
 CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
@@ -131,6 +144,8 @@ CONVERTERS: dict[str, Callable[..., ConversionReport]] = {
     "cvc-300": convert_cvc_300,
     "bcss": convert_bcss,
     "merge": _merge,
+    "camus": convert_camus,
+    "synthetic-multiclass": _synthetic_multiclass,
 }
 
 __all__ = ["CONVERTERS", "ConversionReport", "prepare_dataset", "staged_output", "convert_folder",
