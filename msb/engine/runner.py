@@ -95,7 +95,8 @@ def _versions() -> dict[str, str]:
 
 def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[str, Any] | None = None) -> None:
     """``manifest.json``: binds results to config hash, split-file hash (and ``labelled_sha256`` of
-    ``labelled.csv`` in semi-supervised runs), ``prepare_sha256`` (the dataset's ``prepare.json``, None without), checkpoint SHA-256s, package versions and device; ``training`` =
+    ``labelled.csv`` in semi-supervised runs), ``prepare_sha256`` (the dataset's ``prepare.json``, None
+    without), checkpoint SHA-256s, package versions and device; ``training`` =
     ``train_runtime.json`` (resolved precision, processes, global and per-process batch:
     :func:`msb.engine.acceleration.runtime_record`) when the run was trained by this version; ``extra`` keys
     (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
