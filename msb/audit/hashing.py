@@ -33,6 +33,7 @@ import hashlib
 import io
 import math
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -71,52 +72,60 @@ def pack_hash(h: imagehash.ImageHash) -> int:
     return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
 
-def _lanczos(x: float) -> float:
-    """Pillow's ``lanczos_filter``: ``sinc(x) * sinc(x / 3)`` on ``[-3, 3)``, else 0 (C ``sin`` = ``math.sin``)."""
-    if not -3.0 <= x < 3.0:
-        return 0.0
-    a = 1.0 if x == 0.0 else math.sin(x * math.pi) / (x * math.pi)
-    y = x / 3
-    b = 1.0 if y == 0.0 else math.sin(y * math.pi) / (y * math.pi)
-    return a * b
+def _sinc(x: np.ndarray) -> np.ndarray:
+    """Pillow's ``sinc_filter``: ``sin(pi x) / (pi x)``, 1 at 0. ``np.sin`` must equal the C library's ``sin``
+    that Pillow calls; :func:`fast_resize_matches_pillow` checks it (``math.sin``) before the fast path is used."""
+    xp = x * math.pi
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(x == 0.0, 1.0, np.sin(xp) / xp)
 
 
 @lru_cache(maxsize=512)
 def lanczos_matrix(n_in: int, n_out: int) -> np.ndarray:
     """Pillow's LANCZOS weights of one resize pass as an ``(n_in, n_out)`` float64 matrix of integers.
 
-    Column ``j`` holds the fixed-point weights (``round(w * 2**22)``, halves away from zero) of output sample
-    ``j`` over the input samples, exactly as ``precompute_coeffs`` + ``normalize_coeffs_8bpc`` in Pillow's
-    ``Resample.c`` compute them (support ``3 * max(n_in / n_out, 1)``, taps normalised to sum 1 in float64,
-    same summation order). ``n_in == n_out`` gives ``2**22 * I`` (Pillow skips that pass; the result is equal).
-    Read-only (cached).
+    Column ``j`` holds the fixed-point weights (``trunc(w * 2**22 ± 0.5)``, halves away from zero) of output
+    sample ``j`` over the input samples, as ``precompute_coeffs`` + ``normalize_coeffs_8bpc`` in Pillow's
+    ``Resample.c`` compute them: ``scale = n_in / n_out``, support ``3 * max(scale, 1)``, centre
+    ``(j + 0.5) * scale``, taps ``lanczos((i - centre + 0.5) / max(scale, 1))`` with ``lanczos(x) = sinc(x)
+    sinc(x / 3)`` on ``[-3, 3)``, divided by their sum (added left to right, ``np.cumsum``). The same IEEE
+    operations in the same order, so the weights are bit-identical (tests compare a plain loop transcription).
+    ``n_in == n_out`` gives ``2**22 * I`` (Pillow skips that pass; the result is equal). Read-only (cached).
     """
     m = np.zeros((n_in, n_out))
     if n_in == n_out:
         np.fill_diagonal(m, float(1 << _PRECISION_BITS))
-    else:
-        scale = float(n_in) / n_out
-        filterscale = max(scale, 1.0)
-        support = 3.0 * filterscale
-        ss = 1.0 / filterscale
-        for xx in range(n_out):
-            center = (xx + 0.5) * scale
-            xmin = max(int(center - support + 0.5), 0)
-            n = min(int(center + support + 0.5), n_in) - xmin
-            w = [_lanczos((x + xmin - center + 0.5) * ss) for x in range(n)]
-            ww = 0.0
-            for v in w:
-                ww += v
-            if ww != 0.0:
-                w = [v / ww for v in w]
-            m[xmin:xmin + n, xx] = [float(int(v * (1 << _PRECISION_BITS) + (-0.5 if v < 0 else 0.5))) for v in w]
+        m.flags.writeable = False
+        return m
+    scale = float(n_in) / n_out
+    filterscale = max(scale, 1.0)
+    support = 3.0 * filterscale
+    ss = 1.0 / filterscale
+    center = (np.arange(n_out) + 0.5) * scale
+    xmin = np.maximum(np.trunc(center - support + 0.5).astype(np.int64), 0)
+    count = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), n_in) - xmin
+    taps = np.arange(int(count.max()))
+    valid = taps[None, :] < count[:, None]
+    arg = (((taps[None, :] + xmin[:, None]).astype(np.float64) - center[:, None]) + 0.5) * ss
+    inside = (arg >= -3.0) & (arg < 3.0)
+    w = np.where(valid & inside, _sinc(arg) * _sinc(arg / 3), 0.0)
+    ww = np.cumsum(w, axis=1)[:, -1]  # sequential, as the C loop (trailing zeros change nothing)
+    w = np.where(ww[:, None] != 0.0, w / np.where(ww == 0.0, 1.0, ww)[:, None], w)
+    fixed = np.trunc(w * float(1 << _PRECISION_BITS) + np.where(w < 0, -0.5, 0.5))
+    rows, cols = np.nonzero(valid)
+    m[xmin[rows] + taps[cols], rows] = fixed[rows, cols]
     m.flags.writeable = False
     return m
 
 
 def _round_clip(s: np.ndarray) -> np.ndarray:
-    """Pillow's ``clip8(ss + 2**21)``: ``floor((s + 2**21) / 2**22)`` clipped to ``[0, 255]`` (exact in float64)."""
-    return np.clip(np.floor((s + _HALF) * _INV_ONE), 0.0, 255.0)
+    """Pillow's ``clip8(ss + 2**21)``: ``floor((s + 2**21) / 2**22)`` clipped to ``[0, 255]`` (exact in float64).
+    Works in place on ``s`` (a fresh product) and returns it."""
+    s += _HALF
+    s *= _INV_ONE
+    np.floor(s, out=s)
+    np.maximum(s, 0.0, out=s)
+    return np.minimum(s, 255.0, out=s)
 
 
 @lru_cache(maxsize=1024)
@@ -155,19 +164,19 @@ def _vertical(g: np.ndarray, n_out: int) -> np.ndarray:
     return _round_clip(out)
 
 
-def _vertical_first(h: int, w: int, oh: int, ow: int) -> bool:
+def _vertical_first(h: int, w: int, oh: int, ow: int, order: str | None = None) -> bool:
     """Pass order of the installed Pillow (13.x): vertical first iff ``2 * max(w - ow, 0) < max(h - oh, 0)``.
 
     Pillow's C source is not shipped with the wheel; the rule was read off its output (it reproduces every one
     of ~4,000 random shapes where the two orders differ) and :func:`fast_resize_matches_pillow` checks it (and
     the horizontal-first order of Pillow <= 12) against the installed Pillow before the fast path is used.
     """
-    if _ORDER == "horizontal-first":
+    if (order or _ORDER) == "horizontal-first":
         return False
     return 2 * max(w - ow, 0) < max(h - oh, 0)
 
 
-def pillow_lanczos(grey: np.ndarray, width: int, height: int) -> np.ndarray:
+def pillow_lanczos(grey: np.ndarray, width: int, height: int, order: str | None = None) -> np.ndarray:
     """``np.asarray(PIL.Image.fromarray(grey).resize((width, height), LANCZOS))`` as float64, bit-identical.
 
     Pillow's two passes (each rounded to 8 bit, ``Resample.c``) as matrix products; which pass runs first
@@ -177,13 +186,15 @@ def pillow_lanczos(grey: np.ndarray, width: int, height: int) -> np.ndarray:
     Args:
         grey: ``(H, W)`` ``uint8`` (or float64 of integers in ``[0, 255]``).
         width, height: output size in pixels.
+        order: pass order (``"pillow13"`` or ``"horizontal-first"``); None = the one
+            :func:`fast_resize_matches_pillow` found.
 
     Returns:
         ``(height, width)`` float64 of integers in ``[0, 255]``.
     """
     g = np.asarray(grey, dtype=np.float64)
     h, w = g.shape
-    if _vertical_first(h, w, height, width):
+    if _vertical_first(h, w, height, width, order):
         t = _vertical(g, height) if h != height else g
         return _horizontal(t, width) if w != width else t
     t = _horizontal(g, width) if w != width else g
@@ -209,6 +220,7 @@ def lanczos_hash_inputs(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 _ORDER = "pillow13"
+_PROBE_LOCK = threading.Lock()
 _PROBE_SHAPES = ((1, 1), (3, 2), (8, 9), (31, 33), (40, 12), (12, 40), (97, 60), (60, 97), (300, 120), (120, 300),
                  (288, 384))
 
@@ -217,19 +229,25 @@ _PROBE_SHAPES = ((1, 1), (3, 2), (8, 9), (31, 33), (40, 12), (12, 40), (97, 60),
 def fast_resize_matches_pillow() -> bool:
     """Whether :func:`pillow_lanczos` equals the installed Pillow's LANCZOS resize on probe images.
 
-    Probes: random ``uint8`` images of 11 shapes (tall, wide, tiny, both pass orders) resized to 32x32 and 9x8.
+    Probes: ``np.sin`` equal to ``math.sin`` (the C library's, which Pillow calls) on 20,000 points of the
+    filter's range; random ``uint8`` images of 11 shapes (tall, wide, tiny, both pass orders) resized to 32x32
+    and 9x8.
     Tries Pillow 13's pass order, then horizontal-first (older Pillow); keeps the first that matches all
     probes. False (hashing then calls ``PIL.Image.resize``: same values, slower) when neither does.
     """
     global _ORDER
     rng = np.random.default_rng(20261203)
+    grid = rng.uniform(-3.0 * math.pi, 3.0 * math.pi, 20_000)
+    if not np.array_equal(np.sin(grid), np.array([math.sin(v) for v in grid.tolist()])):
+        return False  # NumPy's sin is not the C library's here: the weights could differ in the last bit
     probes = [rng.integers(0, 256, s, dtype=np.uint8) for s in _PROBE_SHAPES]
-    for order in ("pillow13", "horizontal-first"):
-        _ORDER = order
-        if all(np.array_equal(pillow_lanczos(p, ow, oh), np.asarray(Image.fromarray(p).resize((ow, oh), _LANCZOS)))
-               for p in probes for ow, oh in ((_PHASH_SIDE, _PHASH_SIDE), (HASH_SIZE + 1, HASH_SIZE))):
-            return True
-    _ORDER = "pillow13"
+    with _PROBE_LOCK:  # one probe at a time; _ORDER is set only once an order has matched
+        for order in ("pillow13", "horizontal-first"):
+            if all(np.array_equal(pillow_lanczos(p, ow, oh, order),
+                                  np.asarray(Image.fromarray(p).resize((ow, oh), _LANCZOS)))
+                   for p in probes for ow, oh in ((_PHASH_SIDE, _PHASH_SIDE), (HASH_SIZE + 1, HASH_SIZE))):
+                _ORDER = order
+                return True
     return False
 
 
@@ -374,15 +392,21 @@ def hash_images(paths: Sequence[str | os.PathLike], thumb_size: int = DEFAULT_TH
     """
     if not isinstance(workers, int) or workers < 1:
         raise MSBError(f"workers must be an integer >= 1, got {workers!r}.")
+    fast_resize_matches_pillow()  # probe once here, before any worker thread hashes
     fn = partial(_safe_decode, thumb_size=thumb_size)
     names = [str(p) for p in paths]
-    if workers == 1 or len(names) < 2:
-        it: Iterable = map(fn, names)
-        results = list(progress(it) if progress else it)
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as ex:
-            it = ex.map(fn, names)
+    cv_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)  # the thumbnails are tiny: OpenCV's own thread pool costs more than it gives
+    try:
+        if workers == 1 or len(names) < 2:
+            it: Iterable = map(fn, names)
             results = list(progress(it) if progress else it)
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                it = ex.map(fn, names)
+                results = list(progress(it) if progress else it)
+    finally:
+        cv2.setNumThreads(cv_threads)
     problems = [r for r in results if isinstance(r, str)]
     if problems:
         shown = "; ".join(problems[:_MAX_LISTED])

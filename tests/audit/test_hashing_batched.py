@@ -98,3 +98,40 @@ def test_empty_list_and_bad_workers() -> None:
 
     with pytest.raises(MSBError, match="workers must be an integer >= 1"):
         hash_images([], workers=0)
+
+
+def _pillow_coeffs_loop(n_in: int, n_out: int) -> np.ndarray:
+    """Plain-Python transcription of Pillow's precompute_coeffs + normalize_coeffs_8bpc (Resample.c), LANCZOS."""
+    import math
+
+    def lanczos(x: float) -> float:
+        if not -3.0 <= x < 3.0:
+            return 0.0
+        def sinc(v: float) -> float:
+            return 1.0 if v == 0.0 else math.sin(v * math.pi) / (v * math.pi)
+        return sinc(x) * sinc(x / 3)
+
+    m = np.zeros((n_in, n_out))
+    scale = float(n_in) / n_out
+    fs = max(scale, 1.0)
+    support = 3.0 * fs
+    for xx in range(n_out):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        n = min(int(center + support + 0.5), n_in) - xmin
+        w = [lanczos((x + xmin - center + 0.5) * (1.0 / fs)) for x in range(n)]
+        ww = 0.0
+        for v in w:
+            ww += v
+        w = [v / ww for v in w] if ww != 0.0 else w
+        m[xmin:xmin + n, xx] = [float(int(v * (1 << 22) + (-0.5 if v < 0 else 0.5))) for v in w]
+    return m
+
+
+def test_vectorised_weights_equal_the_loop_transcription() -> None:
+    from msb.audit.hashing import lanczos_matrix
+
+    for n_in in (1, 2, 5, 8, 9, 31, 33, 97, 288, 384, 575, 1351, 1920):
+        for n_out in (8, 9, 32):
+            if n_in != n_out:
+                assert np.array_equal(lanczos_matrix(n_in, n_out), _pillow_coeffs_loop(n_in, n_out)), (n_in, n_out)
