@@ -209,7 +209,7 @@ def describe(root: str | os.PathLike, max_files: int = 5) -> list[str]:
         lines.append(f"  source: {src.get('path')}" + (f" (from {src['origin']})" if src.get("origin") else "")
                      + f", {src.get('n_files')} file(s), file list sha256 {src.get('file_list_sha256')}")
     else:
-        lines.append("  source: none (generated)")
+        lines.append("  source: none (generated, or merged from the prepared datasets in options.parts)")
     thr = data.get("threshold")
     lines.append("  threshold: " + ("none (mask values kept)" if thr is None else f"value > {thr} -> foreground"))
     g = data.get("groups")
