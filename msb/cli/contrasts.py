@@ -88,6 +88,8 @@ def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (a
     else:  # csv / json: pure data, raw numbers
         emit_frame(table, fmt)
         log(INTERVAL_NOTE)
+    if any(":" not in x for x in local_distant or []):
+        raise MSBError(f"--local-distant {local_distant}: expected LOCAL:DISTANT, e.g. local:distant")
     did_specs = ([{"local": a, "distant": b} for a, b in (x.split(":", 1) for x in local_distant)]
                  if local_distant else spec.get("local_distant") or [])
     if did_specs:
