@@ -11,13 +11,16 @@ Rows (one run, repeats interleaved, median / min / max, ratio ours / best compet
    :func:`msb.audit.hashing.hash_images` (also SHA-256 and a thumbnail, one decode per image, ``--workers``
    processes) vs a loop ``imagehash.phash(img), imagehash.dhash(img)`` over PIL images. Value check: identical
    hashes. Skipped with a note without ``../shared/data``.
+3. **hashing, many images**: the same two sides on ``--many`` (10,000) JPEG files written to a temporary folder,
+   each a 160x120 px tile cut at a random place (and scale) out of the real images of row 2 (so ten thousand
+   distinct, realistic frames without shipping them). Value check: identical hashes.
 
 ``--large N`` also times ours once on N hashes (e.g. 1,000,000: multi-index hashing) and, up to 200,000 hashes,
 faiss's flat range search once on the same hashes (identical pairs checked); above that the flat time is
 extrapolated from a flat search of 100,000 of the hashes as O(N^2).
 
-Usage: ``python scripts/bench_audit.py [--quick] [--n 50000] [--repeats R] [--large N] [--json OUT]``.
-``--quick`` = 5,000 hashes, 40 images, 1 repeat. Exit status 1 when a value check fails.
+Usage: ``python scripts/bench_audit.py [--quick] [--n 50000] [--many 10000] [--repeats R] [--large N] [--json OUT]``.
+``--quick`` = 5,000 hashes, 40 images, 300 tiles, 1 repeat. Exit status 1 when a value check fails.
 """
 
 from __future__ import annotations
@@ -105,22 +108,22 @@ def bench_search(n: int, k: int, workers: int, repeats: int) -> Row:
     return row
 
 
-def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
-    """Row 2 (None without ../shared/data or with ``max_images < 1``)."""
-    if max_images < 1:
-        return None
+def _real_images(max_images: int) -> list[Path]:
+    """At most ``max_images`` real images under ``../shared/data/*/images``, evenly spaced in sorted order."""
+    from msb.data.converters.folder import IMAGE_EXTENSIONS
+
+    files = sorted(p for p in SHARED.glob("*/images/*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    return files[:: max(1, len(files) // max_images)][:max_images] if files else []
+
+
+def _hash_row(work: str, files: list[Path], workers: int, repeats: int) -> Row:
+    """One hashing row: :func:`msb.audit.hashing.hash_images` vs the plain imagehash loop on ``files``."""
     import imagehash
     from PIL import Image
 
     from msb.audit.hashing import hash_images
-    from msb.data.converters.folder import IMAGE_EXTENSIONS
 
-    files = sorted(p for p in SHARED.glob("*/images/*") if p.suffix.lower() in IMAGE_EXTENSIONS)
-    if not files:
-        print(f"hashing: skipped, no images under {SHARED}")
-        return None
-    files = files[:: max(1, len(files) // max_images)][:max_images]
-    row = Row(f"hashing (pHash + dHash), {len(files)} real images from ../shared/data, {workers} process(es)")
+    row = Row(work)
 
     def loop():
         out = []
@@ -134,8 +137,54 @@ def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
     ours = [(f"{int(p):016x}", f"{int(d):016x}") for p, d in zip(table.phash, table.dhash)]
     row.equal = ours == vals["imagehash loop"]
     row.check = f"{len(ours)} (pHash, dHash) pairs identical"
-    row.notes.append("ours also computes SHA-256 and a 64x64 thumbnail per image")
+    row.notes.append(f"ours also computes SHA-256 and a 64x64 thumbnail per image; {workers} thread(s), the loop 1")
     return row
+
+
+def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
+    """Row 2 (None without ../shared/data or with ``max_images < 1``)."""
+    if max_images < 1:
+        return None
+    files = _real_images(max_images)
+    if not files:
+        print(f"hashing: skipped, no images under {SHARED}")
+        return None
+    return _hash_row(f"hashing (pHash + dHash), {len(files)} real images from ../shared/data, {workers} thread(s)",
+                     files, workers, repeats)
+
+
+def write_tiles(folder: Path, n: int, seed: int = 0) -> list[Path]:
+    """``n`` JPEG files (quality 90), 160x120 px tiles cut at random places and scales out of the real images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sources = []
+    for f in _real_images(200):
+        with Image.open(f) as im:
+            sources.append(im.convert("RGB"))
+    out = []
+    for t in range(n):
+        im = sources[t % len(sources)]
+        w, h = im.size
+        cw = int(rng.integers(min(w, 160), max(min(w, 160), w // 2) + 1))
+        ch = min(h, max(1, cw * 3 // 4))
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        p = folder / f"tile_{t:05d}.jpg"
+        im.crop((x, y, x + cw, y + ch)).resize((160, 120), Image.Resampling.BILINEAR).save(p, quality=90)
+        out.append(p)
+    return out
+
+
+def bench_hashing_many(n: int, workers: int, repeats: int) -> Row | None:
+    """Row 3 (None without ../shared/data or with ``n < 1``)."""
+    import tempfile
+
+    if n < 1 or not _real_images(1):
+        return None
+    with tempfile.TemporaryDirectory(prefix="msb_bench_tiles_") as tmp:
+        files = write_tiles(Path(tmp), n)
+        return _hash_row(f"hashing (pHash + dHash), {n:,} JPEG tiles (160x120) of ../shared/data images, "
+                         f"{workers} thread(s)", files, workers, repeats)
 
 
 def bench_large(n: int, k: int, workers: int) -> Row:
@@ -171,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--images", type=int, default=200, help="at most this many real images to hash")
+    ap.add_argument("--many", type=int, default=10_000, help="also hash this many tiles of the real images (0: skip)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--large", type=int, default=0, help="also time ours alone on this many hashes")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     if args.quick:
-        args.n, args.images, args.repeats = 5_000, 40, 1
+        args.n, args.images, args.many, args.repeats = 5_000, 40, min(args.many, 300), 1
     print(f"bench_audit: {os.cpu_count()} CPU(s), numpy {np.__version__}, faiss "
           f"{'installed' if HAS_FAISS else 'not installed'}; {args.repeats} interleaved repeat(s) per side")
     rows = [bench_search(args.n, args.k, args.workers, args.repeats)]
@@ -185,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     if hrow is not None:
         print_row(hrow)
         rows.append(hrow)
+    mrow = bench_hashing_many(args.many, args.workers, args.repeats)
+    if mrow is not None:
+        print_row(mrow)
+        rows.append(mrow)
     if args.large:
         rows.append(bench_large(args.large, args.k, args.workers))
         print_row(rows[-1])

@@ -57,7 +57,7 @@ class AuditConfig:
         screen_size: thumbnail side in pixels for the screens.
         ncc_min: NCC threshold for confirmation (``None`` = not used).
         ssim_min: SSIM threshold for confirmation (``None`` = not used).
-        workers: processes for hashing and threads for the search.
+        workers: threads for hashing and for the search.
         block: rows per search block.
         candidates: ``all`` (every pair's thumbnails compared with NCC, :func:`msb.audit.screens.ncc_all_pairs`:
             a candidate is a pair with NCC >= ``ncc_min`` *or* a hash distance <= k), ``hash`` (the pHash/dHash

@@ -41,6 +41,10 @@ def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (a
               rule: Optional[str] = typer.Option(None, help="Aggregation rule (default image-macro)."),
               checkpoint: Optional[str] = typer.Option(None, help="Checkpoint role evaluated (default best)."),
               n_boot: Optional[int] = typer.Option(None, min=1, help="Bootstrap replicates (default 2000)."),
+              local_distant: Optional[List[str]] = typer.Option(None, help="LOCAL:DISTANT (remove_neighbours and "
+                                                                "remove_distant pools), repeatable: the exploratory "
+                                                                "difference-in-differences (default: the study's "
+                                                                "contrasts.local_distant)."),
               out: Optional[Path] = typer.Option(None, help="Output folder (default <study folder>/contrasts)."),
               format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP + " csv / json: the contrast "
                                                    "table only (ranks in population_ranks.csv).")) -> None:
@@ -84,4 +88,41 @@ def contrasts(study: Path = typer.Argument(..., help="Study file with 'pools' (a
     else:  # csv / json: pure data, raw numbers
         emit_frame(table, fmt)
         log(INTERVAL_NOTE)
+    if any(":" not in x for x in local_distant or []):
+        raise MSBError(f"--local-distant {local_distant}: expected LOCAL:DISTANT, e.g. local:distant")
+    did_specs = ([{"local": a, "distant": b} for a, b in (x.split(":", 1) for x in local_distant)]
+                 if local_distant else spec.get("local_distant") or [])
+    if did_specs:
+        paths += _local_distant(runs, counts, did_specs, metric, rule, spec.get("level", 0.95),
+                                out or folder / "contrasts", fmt, log)
     log(f"{len(runs)} pool runs; written: {', '.join(str(p) for p in paths)}")
+
+
+def _local_distant(runs, counts, specs: list[dict], metric: str, rule: str, level: float, out: Path, fmt: str,
+                   log) -> list[Path]:
+    """The exploratory local-versus-distant rows (:mod:`msb.analysis.stats.did`), shown and written as
+    ``local_distant.csv`` / ``.md``."""
+    import pandas as pd
+
+    from msb.analysis.stats.contrasts import markdown_table
+    from msb.analysis.stats.did import DID_NOTE, did_table, local_inputs
+    from msb.utils.atomic import atomic_write_text
+
+    rows = []
+    for d in specs:
+        pairs, train = local_inputs(runs, d["local"])
+        rows.append(did_table(counts, d["local"], d["distant"], pairs, train, metric, rule, level,
+                              d.get("match_on", ["source", "empty"]), d.get("seed", 0)))
+    table = pd.concat(rows, ignore_index=True)
+    title = "Local-versus-distant removal, difference-in-differences (EXPLORATORY)"
+    if fmt == "table":
+        emit_frame(table.round(4), fmt, title)
+    elif fmt == "markdown":
+        typer.echo(markdown_table(table))
+    # csv / json: stdout keeps the contrast table alone; these rows are in local_distant.csv
+    log(DID_NOTE)
+    files = {"local_distant.csv": table.to_csv(index=False, lineterminator="\n"),
+             "local_distant.md": f"## {title}\n\n{markdown_table(table)}\n{DID_NOTE}\n"}
+    for name, text in files.items():
+        atomic_write_text(out / name, text)
+    return [out / n for n in files]

@@ -70,11 +70,13 @@ def data_synth(out: Path = typer.Option(Path("datasets/synthetic"), help="Output
                seed: int = typer.Option(0, help="Random seed."),
                overwrite: bool = typer.Option(False, help="Replace an existing dataset at --out.")) -> None:
     """Write the small deterministic synthetic dataset (no download needed)."""
+    from msb.data.converters.provenance import recording
     from msb.data.synth import make_synthetic_dataset
 
     if n < 1:
         raise MSBError(f"--n must be a positive number of images, got {n}")
-    log(make_synthetic_dataset(out, n_samples=n, seed=seed, overwrite=overwrite).summary())
+    with recording("synthetic", None, {"n_samples": n, "seed": seed}):  # -> prepare.json
+        log(make_synthetic_dataset(out, n_samples=n, seed=seed, overwrite=overwrite).summary())
 
 
 @app.command("merge")
@@ -111,9 +113,12 @@ def data_merge(out: Path = typer.Argument(..., help="Output folder of the merged
 def data_validate(root: Path = typer.Argument(..., help="Prepared dataset folder.")) -> None:
     """Validate a prepared dataset fully: files and sizes, then every image and mask file decoded (damaged or
     truncated files refused) and every mask value checked against classes.csv at native resolution."""
+    from msb.data.converters.provenance import describe
     from msb.data.schema import load_prepared_dataset
     from msb.data.verify import verify_files
 
     ds = load_prepared_dataset(root)
     verify_files(ds, track=track, use_record=False)
     log(f"{root}: {len(ds.index)} samples, {len(ds.foreground_classes)} foreground class(es): OK")
+    for line in describe(root):  # how it was made (prepare.json)
+        log(line)

@@ -16,7 +16,14 @@ Pool kinds (ReuScope-style matched controls):
                   empty-mask frame, ``source``) as many rows as ``match`` has, drawn at random from the
                   training rows of that stratum;
 ``swap``          ``match`` (default ``full``) with its ``from_source`` rows replaced by as many training rows
-                  of ``to_source`` that ``match`` does not hold.
+                  of ``to_source`` that ``match`` does not hold;
+``remove_neighbours``  the training rows minus the training neighbours of the evaluation frames that have a
+                  close training match (``pairs_file``: an audit ``pairs.csv``, :mod:`msb.data.neighbours`);
+``remove_distant`` the training rows minus as many *distant* training rows (in no pair with an evaluation
+                  frame) as ``match`` (a ``remove_neighbours`` pool) removes, drawn at random (``seed``) per
+                  stratum (``strata``, optional) so the removed rows match the neighbours' strata. The pair
+                  ``remove_neighbours`` / ``remove_distant`` is ReuScope's local-versus-distant removal (step
+                  four; :mod:`msb.analysis.stats.did`).
 
 This module imports only pydantic (no training code).
 """
@@ -31,10 +38,10 @@ from pydantic import Field, field_validator, model_validator
 from msb.config.strict import StrictModel
 from msb.errors import MSBError
 
-__all__ = ["POOL_KINDS", "STRATA", "PoolConfig", "PoolSpec", "BudgetConfig", "ContrastsSpec", "resolve_pools",
-           "pool_axes"]
+__all__ = ["POOL_KINDS", "STRATA", "PoolConfig", "PoolSpec", "BudgetConfig", "ContrastsSpec", "DidSpec",
+           "resolve_pools", "pool_axes"]
 
-POOL_KINDS = ("full", "remove", "random_match", "count_match", "swap")
+POOL_KINDS = ("full", "remove", "random_match", "count_match", "swap", "remove_neighbours", "remove_distant")
 #: stratum keys of ``count_match`` (and of ``pool.csv``'s ``stratum`` column)
 STRATA = ("presence", "empty", "source")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -44,13 +51,14 @@ class _PoolFields(StrictModel):
     """The fields shared by a study pool (``match`` = a pool name) and a run's ``data.pool``."""
 
     name: str
-    kind: Literal["full", "remove", "random_match", "count_match", "swap"]
+    kind: Literal["full", "remove", "random_match", "count_match", "swap", "remove_neighbours", "remove_distant"]
     sources: list[str] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     flag_file: Optional[str] = None
     strata: list[Literal["presence", "empty", "source"]] = Field(default_factory=list)
     from_source: Optional[str] = None
     to_source: Optional[str] = None
+    pairs_file: Optional[str] = None
     seed: int = 0
 
     @field_validator("name")
@@ -66,14 +74,19 @@ class _PoolFields(StrictModel):
             raise ValueError(f"pool {self.name!r}: kind remove needs sources, groups or flag_file")
         if k != "remove" and (self.sources or self.groups or self.flag_file):
             raise ValueError(f"pool {self.name!r}: sources/groups/flag_file belong to kind remove, not {k}")
-        if k in ("random_match", "count_match") and match is None:
+        if k == "remove_neighbours" and (not self.pairs_file or match is not None):
+            raise ValueError(f"pool {self.name!r}: kind remove_neighbours needs pairs_file (an audit pairs.csv) and "
+                             f"takes no 'match'")
+        if k != "remove_neighbours" and self.pairs_file:
+            raise ValueError(f"pool {self.name!r}: pairs_file belongs to kind remove_neighbours, not {k}")
+        if k in ("random_match", "count_match", "remove_distant") and match is None:
             raise ValueError(f"pool {self.name!r}: kind {k} needs 'match' (the pool whose size/counts it copies)")
         if k == "full" and match is not None:
             raise ValueError(f"pool {self.name!r}: kind full takes no 'match'")
         if k == "count_match" and not self.strata:
             raise ValueError(f"pool {self.name!r}: kind count_match needs strata (presence, empty, source)")
-        if k != "count_match" and self.strata:
-            raise ValueError(f"pool {self.name!r}: strata belong to kind count_match, not {k}")
+        if k not in ("count_match", "remove_distant") and self.strata:
+            raise ValueError(f"pool {self.name!r}: strata belong to kinds count_match and remove_distant, not {k}")
         if k == "swap" and (not self.from_source or not self.to_source or self.from_source == self.to_source):
             raise ValueError(f"pool {self.name!r}: kind swap needs two different from_source and to_source")
         if k != "swap" and (self.from_source or self.to_source):
@@ -112,6 +125,18 @@ class BudgetConfig(StrictModel):
     value: int = Field(gt=0)
 
 
+class DidSpec(StrictModel):
+    """One local-versus-distant comparison (``contrasts.local_distant``; :mod:`msb.analysis.stats.did`).
+
+    ``local`` = a ``remove_neighbours`` pool, ``distant`` = its ``remove_distant`` control; ``match_on`` (any of
+    ``source``, ``empty``) and ``seed`` choose the matched unflagged evaluation images."""
+
+    local: str
+    distant: str
+    match_on: list[Literal["source", "empty"]] = Field(default_factory=lambda: ["source", "empty"])
+    seed: int = 0
+
+
 class ContrastsSpec(StrictModel):
     """``contrasts`` of a study file: what ``msb contrasts`` tabulates.
 
@@ -120,6 +145,8 @@ class ContrastsSpec(StrictModel):
       (``all`` = every evaluated row; ``source:A,B``; ``ids:FILE``; ``flag:FILE[:COLUMN]``).
     - ``metric``, ``rule``: the score (``dice`` under ``image-macro`` by default).
     - ``n_boot``, ``level``, ``boot_seed``: the bootstrap over images (second interval row).
+    - ``local_distant``: :class:`DidSpec` entries, the exploratory difference-in-differences of ReuScope's
+      local-versus-distant removal (``local_distant.csv``).
     """
 
     pairs: list[tuple[str, str]] = Field(min_length=1)
@@ -130,6 +157,7 @@ class ContrastsSpec(StrictModel):
     n_boot: int = Field(2000, gt=0)
     level: float = Field(0.95, gt=0, lt=1)
     boot_seed: int = 0
+    local_distant: list[DidSpec] = Field(default_factory=list)
 
 
 def resolve_pools(pools: list[PoolSpec], where: str) -> dict[str, PoolConfig]:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from msb.config.pools_schema import PoolConfig
+from msb.data.neighbours import read_pairs, training_neighbours
 from msb.data.schema import PreparedDataset, mask_to_onehot, read_mask
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
@@ -98,7 +99,9 @@ def build_pool(pool: PoolConfig, train_ids: Sequence[str], source: dict[str, str
     Raises:
         MSBError: an empty pool; ``remove`` sources/groups that occur in no training row; a match pool larger
             than the candidates; a stratum with fewer candidates than ``match`` has; ``swap`` without enough
-            ``to_source`` rows outside ``match`` (each names the pool and the numbers).
+            ``to_source`` rows outside ``match``; ``remove_neighbours`` without any exposed evaluation frame
+            (or an unreadable pairs file); ``remove_distant`` whose ``match`` is not ``remove_neighbours`` or
+            without enough distant rows in a stratum (each names the pool and the numbers).
     """
     train = sorted(str(i) for i in train_ids)
     rng = np.random.default_rng(pool.seed)
@@ -113,6 +116,15 @@ def build_pool(pool: PoolConfig, train_ids: Sequence[str], source: dict[str, str
             raise MSBError(f"{name}: {bad} occur in no training row; sources: {sorted(known_src)}")
         drop = _flagged(pool.flag_file) if pool.flag_file else set()
         out = [i for i in train if source[i] not in pool.sources and group[i] not in pool.groups and i not in drop]
+    elif pool.kind == "remove_neighbours":
+        neighbours = training_neighbours(read_pairs(pool.pairs_file), train)
+        if not neighbours:
+            raise MSBError(f"{name}: no evaluation frame has a close training match in {pool.pairs_file} under "
+                           f"this split; there are no neighbours to remove")
+        drop = set().union(*neighbours.values())
+        out = [i for i in train if i not in drop]
+    elif pool.kind == "remove_distant":
+        out = _remove_distant(pool, train, source, group, presence, where, rng, name)
     else:
         assert pool.match is not None or pool.kind == "swap"
         base = build_pool(pool.match, train, source, group, presence, where) if pool.match else train
@@ -145,6 +157,29 @@ def build_pool(pool: PoolConfig, train_ids: Sequence[str], source: dict[str, str
     if not out:
         raise MSBError(f"{name} is empty; it removes every training row")
     return out
+
+
+def _remove_distant(pool: PoolConfig, train: list[str], source: dict[str, str], group: dict[str, str],
+                    presence: Callable[[], dict[str, str]], where: str, rng: np.random.Generator, name: str
+                    ) -> list[str]:
+    """``remove_distant``: drop as many distant training rows as the ``remove_neighbours`` pool ``match`` drops,
+    stratum by stratum (``pool.strata``; one stratum without), drawn with ``rng`` from the sorted candidates."""
+    if pool.match is None or pool.match.kind != "remove_neighbours":
+        raise MSBError(f"{name}: 'match' must be a remove_neighbours pool (the local removal it controls for)")
+    kept = set(build_pool(pool.match, train, source, group, presence, where))
+    removed = [i for i in train if i not in kept]
+    distant = [i for i in train if i in kept]  # in no pair with an evaluation frame
+    labels = strata_labels(train, pool.strata, source, presence) if pool.strata else {i: "all" for i in train}
+    want = pd.Series([labels[i] for i in removed]).value_counts().sort_index()
+    drop: list[str] = []
+    for stratum, k in want.items():
+        cand = [i for i in distant if labels[i] == stratum]
+        if len(cand) < k:
+            raise MSBError(f"{name}: stratum {stratum!r} has {len(cand)} distant training rows, the local removal "
+                           f"drops {k}; choose coarser strata (or none)")
+        drop += _draw(rng, cand, int(k))
+    gone = set(drop)
+    return [i for i in train if i not in gone]
 
 
 def pool_file_text(ids: Sequence[str], source: dict[str, str], stratum: dict[str, str]) -> str:

@@ -34,6 +34,7 @@ from msb.errors import MSBError
 from msb.models.checkpoint import read_records
 from msb.models.registry import build_model
 from msb.utils.atomic import atomic_write_text
+from msb.data.converters.provenance import prepare_digest
 from msb.utils.hashing import sha256_file
 from msb.utils.io_errors import write_guard
 from msb.utils.progress import Logger, Tracker, no_log, no_track
@@ -94,7 +95,8 @@ def _versions() -> dict[str, str]:
 
 def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[str, Any] | None = None) -> None:
     """``manifest.json``: binds results to config hash, split-file hash (and ``labelled_sha256`` of
-    ``labelled.csv`` in semi-supervised runs), checkpoint SHA-256s, package versions and device; ``training`` =
+    ``labelled.csv`` in semi-supervised runs), ``prepare_sha256`` (the dataset's ``prepare.json``, None
+    without), checkpoint SHA-256s, package versions and device; ``training`` =
     ``train_runtime.json`` (resolved precision, processes, global and per-process batch:
     :func:`msb.engine.acceleration.runtime_record`) when the run was trained by this version; ``extra`` keys
     (e.g. ``fold``, ``folds_sha256`` of a study fold run) are added."""
@@ -108,6 +110,7 @@ def write_manifest(run_dir: Path, run: GeneratedRun, device: str, extra: dict[st
                             "value": v.value, "selection_split": v.selection_split} for k, v in records.items()},
         "versions": _versions(), "device": device, "platform": platform.platform(),
     }
+    manifest["prepare_sha256"] = prepare_digest(run.config.data.root)  # how the dataset was made (prepare.json)
     if (run_dir / "labelled.csv").is_file():  # semi-supervised runs only: other manifests are unchanged
         manifest["labelled_sha256"] = sha256_file(run_dir / "labelled.csv")
     if runtime.is_file():

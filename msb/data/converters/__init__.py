@@ -3,6 +3,10 @@
 Registry :data:`CONVERTERS` maps a converter name to a callable ``f(source, out, **options) ->
 ConversionReport``. :func:`prepare_dataset` is the entry point used by ``msb data prepare NAME --source DIR``.
 
+Every preparation through :func:`prepare_dataset` writes ``prepare.json`` beside ``index.csv`` (converter,
+options, source file-list digest, threshold, groups file, changed mask pixels per file, msb version;
+:mod:`.provenance`).
+
 All converters build the dataset in a hidden temporary folder beside ``out`` (see :func:`staged_output`) and
 rename it onto ``out`` only after the result has been validated with
 :func:`msb.data.schema.load_prepared_dataset`; on any error the temporary folder is deleted, so no partial
@@ -26,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from msb.data.converters.provenance import recording
 from msb.data.converters.staging import ConversionReport, staged_output  # re-exported
 from msb.errors import MSBError
 
@@ -63,6 +68,11 @@ def _normalise(name: str) -> str:
 
 
 def _options_of(fn: Callable[..., Any]) -> list[str]:
+    return list(_option_defaults(fn))
+
+
+def _option_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Option name -> default value (``inspect.Parameter.empty`` when it has none) of a converter."""
     if fn is _synthetic:
         from msb.data.synth import make_synthetic_dataset
 
@@ -82,8 +92,8 @@ def _options_of(fn: Callable[..., Any]) -> list[str]:
     else:
         skip = {"source", "out"}
     sig = inspect.signature(fn)
-    return [p for p, v in sig.parameters.items()
-            if p not in skip and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)]
+    return {p: v.default for p, v in sig.parameters.items()
+            if p not in skip and v.kind in (v.KEYWORD_ONLY, v.POSITIONAL_OR_KEYWORD)}
 
 
 def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.PathLike, **options: Any
@@ -107,13 +117,17 @@ def prepare_dataset(name: str, source: str | os.PathLike | None, out: str | os.P
     if key not in CONVERTERS:
         raise MSBError(f"unknown dataset converter {name!r}; valid names: {', '.join(sorted(CONVERTERS))}.")
     fn = CONVERTERS[key]
-    valid = _options_of(fn)
+    defaults = _option_defaults(fn)
+    valid = list(defaults)
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise MSBError(f"unknown option(s) {unknown} for converter {key!r}; valid options: {', '.join(valid)}.")
     if key not in ("synthetic", "synthetic-pranet", "synthetic-multiclass", "merge") and source is None:
         raise MSBError(f"converter {key!r} needs a source folder (--source DIR).")
-    return fn(source, out, **options)
+    effective = {k: v for k, v in defaults.items() if v is not inspect.Parameter.empty}
+    effective.update(options)
+    with recording(key, source if key not in ("synthetic", "merge") else None, effective):  # -> prepare.json
+        return fn(source, out, **options)
 
 
 from msb.data.converters.folder import convert_folder  # noqa: E402

@@ -29,6 +29,7 @@ from PIL import Image, UnidentifiedImageError
 
 from msb.data.converters.folder import IMAGE_EXTENSIONS, _read_source_mask
 from msb.data.converters.groups import group_keys, read_groups_csv
+from msb.data.converters.provenance import record_mask
 from msb.data.schema import INDEX_COLUMNS, image_size
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path, atomic_write_bytes
@@ -207,6 +208,7 @@ def write_samples(samples: Sequence[Sample], dest: Path, mask_fn: MaskFn
             shutil.copyfile(s.image, tmp)
         msk_rel = f"masks/{s.sample_id}.png"
         atomic_write_bytes(dest / msk_rel, _encode_png(np.ascontiguousarray(res.mask), dest / msk_rel))
+        record_mask(msk_rel, int(res.n_changed), int(res.mask.size))
         row = {"sample_id": s.sample_id, "image_path": s.image_rel, "mask_path": msk_rel, "split": s.split,
                "group": s.group, "height": h, "width": w, "source": s.source}
         row.update(dict(s.extra))

@@ -180,8 +180,12 @@ def prepare_from_source(name: str, source: str | None, out: str | Path, timeout:
     Raises:
         MSBError: as :func:`materialised_source` and :func:`msb.data.converters.prepare_dataset`.
     """
+    from msb.data.converters.provenance import origin
+
     with materialised_source(source, timeout=timeout) as (folder, notes):
-        report = prepare_dataset(name, str(folder) if folder is not None else None, out, **options)
+        fetched = source is not None and folder is not None and Path(str(source)).expanduser() != Path(folder)
+        with origin(str(source) if fetched else None):  # prepare.json names the URL / archive
+            report = prepare_dataset(name, str(folder) if folder is not None else None, out, **options)
     report.notes.extend(notes)
     return report
 

@@ -46,6 +46,7 @@ from PIL import Image, UnidentifiedImageError
 from msb.data.schema import (INDEX_COLUMNS, ClassSpec, image_size, load_prepared_dataset, read_mask,
                              write_prepared_dataset)
 from msb.data.converters.groups import group_keys, read_groups_csv
+from msb.data.converters.provenance import record_mask
 from msb.data.converters.staging import ConversionReport, staged_output
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_path, atomic_write_bytes
@@ -254,9 +255,11 @@ def convert_pairs(pairs: Sequence[Pair], dest: Path, *, threshold: float | None,
             raise MSBError(f"image {pair.image} is {h}x{w} (HxW) but its mask {pair.mask} is "
                            f"{raw.shape[0]}x{raw.shape[1]}; image and mask must have the same size. Fix or remove "
                            f"this pair (sample_id {pair.sample_id!r}).")
+        changed = 0
         if binarise:
             out = np.where(raw > threshold, np.uint8(255), np.uint8(0))
-            n_changed += int(np.count_nonzero(out != raw))
+            changed = int(np.count_nonzero(out != raw))
+            n_changed += changed
         else:
             if raw.size and (int(raw.min()) < 0 or int(raw.max()) > 65535):
                 raise MSBError(f"{pair.mask}: mask values outside [0, 65535]; use 8/16-bit masks.")
@@ -268,6 +271,7 @@ def convert_pairs(pairs: Sequence[Pair], dest: Path, *, threshold: float | None,
         with atomic_path(dest / img_rel) as tmp:
             shutil.copyfile(pair.image, tmp)
         atomic_write_bytes(dest / msk_rel, _encode_png(out, dest / msk_rel))
+        record_mask(msk_rel, changed, int(raw.size))
         rows.append({"sample_id": pair.sample_id, "image_path": img_rel, "mask_path": msk_rel, "split": "",
                      "group": pair.group, "height": h, "width": w, "source": source_label})
     notes: list[str] = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from msb.data.converters.provenance import write_record
 from msb.errors import MSBError
 from msb.utils.atomic import current_umask, replace_dir
 
@@ -96,6 +97,7 @@ def staged_output(out: str | os.PathLike, overwrite: bool = False, source: str |
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         yield tmp
+        write_record(tmp)  # prepare.json of the active recording (msb.data.converters.provenance), if any
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700; a dataset folder gets the usual mode
         replace_dir(tmp, out)
     except BaseException:
