@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from msb.audit.search import component_labels
+from msb.audit.verdict import audit_verdict
 
 #: NCC threshold of the strict predicate
 STRICT_NCC = 0.99
@@ -235,12 +236,20 @@ def verdict_extras(result) -> dict[str, Any]:
     }
     if len(links):
         extras["warnings"].append(
-            f"{len(links)} confirmed pair(s) join different groups ({len(span)} cluster(s), {len(joined)} groups): "
-            f"an upper bound on false positives, as frames of different recordings are presumed independent; "
-            f"review group_links.csv, and msb audit --calibrate for the thresholds that confirm none")
+            f"{len(links)} confirmed pair(s) link different groups ({len(span)} cluster(s) joining {len(joined)} "
+            f"groups): an upper bound on false positives, frames of different recordings being presumed "
+            f"independent; review group_links.csv, or msb audit --calibrate for thresholds that confirm none")
     return extras
 
 
-__all__ = ["STRICT_NCC", "STRICT_RULE", "pair_kinds", "group_pair_denominators", "group_census_rows", "group_links",
+def judged(result, checks=()) -> dict[str, Any]:
+    """:func:`msb.audit.verdict.audit_verdict` of ``result`` (an :class:`msb.audit.core.AuditResult`) plus, across
+    splits, :func:`verdict_extras` (its ``warnings`` are printed apart from the verdict line)."""
+    if result.boundary != "split":
+        return audit_verdict(result.census, result.boundary, checks)
+    return {**audit_verdict(result.census, result.boundary, checks), **verdict_extras(result)}
+
+
+__all__ = ["judged", "STRICT_NCC", "STRICT_RULE", "pair_kinds", "group_pair_denominators", "group_census_rows", "group_links",
            "spanning_clusters", "calibration_table", "safe_ranges", "predicates_table", "verdict_extras",
            "link_text"]

@@ -9,9 +9,10 @@ Masks (``True`` = content; ``S x S`` in the normalised coordinates of the ``S x 
 :mod:`msb.audit.hashing`, aspect ratio not kept):
 
 * **dataset mask** (``--fov auto``, :func:`estimate_fov`): a pixel is left out when its grey value barely varies
-  over the images (median absolute deviation from its median over the thumbnails ``<= mad_max`` grey levels, so
-  a border or overlay shared by at least half of the images counts even when the others differ; at most
-  ``max_sample`` images, drawn with seed 0) or when it is dark (``<= dark_max``) in at least ``dark_share`` of the images (the region
+  over the images (at least ``dev_share`` = 2/3 of the thumbnails within ``dev_max`` grey levels of the
+  pixel's median, so a border or overlay shared by two thirds of the images counts even when the others differ;
+  connected regions of fewer than ``min_region`` such pixels are ignored as chance; at most ``max_sample``
+  images, drawn with seed 0) or when it is dark (``<= dark_max``) in at least ``dark_share`` of the images (the region
   outside the FOV); the left-out region is grown by one pixel (the thumbnails blend border and content at its
   edge). Fewer than ``min_images`` images, or more than ``max_left_out`` of the pixels left out: nothing is left
   out (recorded as a note). ``--fov MASK.png``: a user mask (non-zero = content), resized with nearest
@@ -48,7 +49,7 @@ from msb.audit.hashing import HASH_SIZE, HIGHFREQ_FACTOR, pack_hash
 from msb.errors import MSBError
 
 #: defaults of :func:`estimate_fov` (grey levels of 8-bit images, shares of images / pixels)
-FOV_DEFAULTS = {"mad_max": 6.0, "dark_max": 24, "dark_share": 0.9, "min_images": 4, "max_left_out": 0.9,
+FOV_DEFAULTS = {"dev_max": 6.0, "dev_share": 2 / 3, "min_region": 8, "dark_max": 24, "dark_share": 0.9, "min_images": 4, "max_left_out": 0.9,
                 "max_sample": 2000}
 
 
@@ -83,7 +84,7 @@ class FovMask:
         """JSON-able record (``audit.json`` ``fov``)."""
         rule = {"none": "nothing left out (whole frame)",
                 "file": f"user mask {self.source} (non-zero = content), nearest-neighbour resize",
-                "auto": (f"left out: median absolute grey deviation over the images <= {FOV_DEFAULTS['mad_max']} or dark "
+                "auto": (f"left out: >= 2/3 of the images within {FOV_DEFAULTS['dev_max']} grey levels of the median or dark "
                          f"(<= {FOV_DEFAULTS['dark_max']}) in >= {FOV_DEFAULTS['dark_share']:.0%} of the images, "
                          f"grown by 1 px; per image also its dark border connected to the crop's edge")}[self.mode]
         return {"mode": self.mode, "rule": rule, "left_out_fraction": round(float(self.left_out_fraction), 4),
@@ -95,7 +96,8 @@ def _grow(excluded: np.ndarray) -> np.ndarray:
     return ndimage.binary_dilation(excluded, structure=np.ones((3, 3), bool)) if excluded.any() else excluded
 
 
-def estimate_fov(thumbs: np.ndarray, mad_max: float = FOV_DEFAULTS["mad_max"],
+def estimate_fov(thumbs: np.ndarray, dev_max: float = FOV_DEFAULTS["dev_max"],
+                 dev_share: float = FOV_DEFAULTS["dev_share"], min_region: int = FOV_DEFAULTS["min_region"],
                  dark_max: int = FOV_DEFAULTS["dark_max"], dark_share: float = FOV_DEFAULTS["dark_share"],
                  min_images: int = FOV_DEFAULTS["min_images"],
                  max_left_out: float = FOV_DEFAULTS["max_left_out"],
@@ -104,8 +106,9 @@ def estimate_fov(thumbs: np.ndarray, mad_max: float = FOV_DEFAULTS["mad_max"],
 
     Args:
         thumbs: ``(N, S, S)`` ``uint8`` grey thumbnails of the whole frames.
-        mad_max: grey levels; a pixel whose median absolute deviation from its median (over the images) is at
-            most this is constant.
+        dev_max, dev_share: a pixel with at least ``dev_share`` of the images within ``dev_max`` grey levels of
+            its median (over the images) is constant.
+        min_region: constant regions (8-connected) with fewer pixels are ignored.
         dark_max, dark_share: a pixel ``<= dark_max`` in at least ``dark_share`` of the images is outside the FOV.
         min_images: below this many images nothing is estimated.
         max_left_out: more than this share left out: nothing is left out (a dataset of near-identical images).
@@ -123,7 +126,11 @@ def estimate_fov(thumbs: np.ndarray, mad_max: float = FOV_DEFAULTS["mad_max"],
         thumbs = thumbs[np.sort(np.random.default_rng(0).choice(n, size=max_sample, replace=False))]
     t = thumbs.astype(np.float32)
     med = np.median(t, axis=0)
-    constant = np.median(np.abs(t - med), axis=0) <= mad_max
+    constant = (np.abs(t - med) <= dev_max).mean(axis=0) >= dev_share
+    lab, k = ndimage.label(constant, structure=np.ones((3, 3), bool))
+    if k:
+        sizes = np.bincount(lab.ravel())
+        constant &= sizes[lab] >= min_region
     dark = (thumbs <= dark_max).mean(axis=0) >= dark_share
     excluded = _grow(constant | dark)
     share = float(excluded.mean())

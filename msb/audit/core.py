@@ -169,7 +169,8 @@ class AuditResult:
     fov_mask: np.ndarray | None = None
 
     def clusters(self, relation: str = "near_duplicate") -> pd.DataFrame:
-        """Groups with >= 2 rows of ``relation``: ``cluster, n_rows, sides, sample_ids`` (``;``-joined)."""
+        """Groups with >= 2 rows of ``relation``: ``cluster, n_rows, sides, crosses, n_groups`` (distinct non-empty
+        ``group`` values), ``keys`` (``;``-joined); clusters joining several groups first."""
         col = f"cluster_{relation}"
         if col not in self.rows.columns:
             raise MSBError(f"unknown relation {relation!r}; audited relations: "
@@ -181,8 +182,11 @@ class AuditResult:
             out.append({"relation": relation, "cluster": int(lab), "n_rows": len(g),
                         "sides": ";".join(sorted({s for s in g["side"] if s})),
                         "crosses": len({s for s in g["side"] if s}) >= 2,
+                        "n_groups": len({str(v) for v in g["group"] if str(v)}),
                         "keys": ";".join(g["key"])})
-        return pd.DataFrame(out, columns=["relation", "cluster", "n_rows", "sides", "crosses", "keys"])
+        df = pd.DataFrame(out, columns=["relation", "cluster", "n_rows", "sides", "crosses", "n_groups", "keys"])
+        return df.sort_values("n_groups", ascending=False, kind="stable").reset_index(drop=True) \
+            if relation != "shared_group" else df
 
 
 def _confirmation_rule(cfg: AuditConfig, content: bool = False) -> str:
@@ -279,8 +283,10 @@ def run_audit(dataset: str | Path, against: str | Path | None = None, split_file
     if fov.active:
         ct = content_fingerprints(paths, fov, cfg.screen_size, cfg.workers)
         phash, dhash, thumbs, masks = ct.phash, ct.dhash, ct.thumbs, ct.masks
+        if masks.all():  # nothing left out anywhere: the whole-frame screens (same values, faster)
+            thumbs, masks = table.thumbs, None
         rows["content_phash"], rows["content_dhash"] = hex64(phash), hex64(dhash)
-        rows["content_fraction"] = masks.reshape(n, -1).mean(axis=1).round(4) if n else []
+        rows["content_fraction"] = ct.masks.reshape(n, -1).mean(axis=1).round(4) if n else []
     t_content = time.perf_counter() - t_content
 
     # candidate pairs (msb.audit.candidates): hash prefilter, or every pair's NCC plus the hash candidates
