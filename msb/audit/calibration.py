@@ -250,6 +250,7 @@ def judged(result, checks=()) -> dict[str, Any]:
     return {**audit_verdict(result.census, result.boundary, checks), **verdict_extras(result)}
 
 
-__all__ = ["judged", "STRICT_NCC", "STRICT_RULE", "pair_kinds", "group_pair_denominators", "group_census_rows", "group_links",
+__all__ = ["judged", "STRICT_NCC", "STRICT_RULE", "pair_kinds", "group_pair_denominators", "group_census_rows",
+           "group_links",
            "spanning_clusters", "calibration_table", "safe_ranges", "predicates_table", "verdict_extras",
            "link_text"]

@@ -18,17 +18,19 @@ Masks (``True`` = content; ``S x S`` in the normalised coordinates of the ``S x 
   out (recorded as a note). ``--fov MASK.png``: a user mask (non-zero = content), resized with nearest
   neighbour; ``--fov none``: nothing left out, the audit of earlier versions.
 * **content crop**: the bounding box of the dataset mask, scaled to each image's size;
-* **image mask** (``auto`` only): the dataset mask minus the image's own dark border, i.e. the pixels of the
-  image's crop thumbnail that are ``<= dark_max`` and connected (8-neighbourhood) to the crop's edge or to the
+* **image mask** (``auto`` only): the dataset mask minus the image's own dark border, i.e. the pixels of its
+  ``S x S`` thumbnail that are ``<= dark_max`` and connected (8-neighbourhood) to the thumbnail's edge or to the
   left-out region, grown by one pixel. Frames of one dataset recorded with different scopes thus each lose their
   own border.
 
-Fingerprints on the content (:func:`content_fingerprints`; one more decode per image): the grey image (PIL
-``convert("L")``) is cropped to the content crop; its left-out pixels (the image mask, nearest-neighbour
-upsampled) are set to the mean grey of its content pixels; pHash and dHash are those of
-:mod:`msb.audit.hashing` (same imagehash calls) of that crop; the screen thumbnail is the crop resized to
-``S x S`` with OpenCV ``INTER_AREA``. The screens (:mod:`msb.audit.screens`) then compare two images over the
-pixels that are content in both image masks.
+Fingerprints on the content (:func:`content_fingerprints`; one more decode per image): the screen thumbnail is
+the whole grey image (PIL ``convert("L")``) resized to ``S x S`` with OpenCV ``INTER_AREA``, as in
+:mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are the
+imagehash calls of :mod:`msb.audit.hashing` on the grey image cropped to the content crop, the dataset mask's
+left-out pixels there (nearest-neighbour upsampled) set to the mean grey of its content pixels (the image mask
+is not used for the hashes: two copies of one frame with slightly different JPEG noise could lose different
+border pixels and so differ in a few hash bits). The screens
+(:mod:`msb.audit.screens`) then compare two images over the pixels that are content in *both* image masks.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from msb.audit.hashing import HASH_SIZE, HIGHFREQ_FACTOR, pack_hash
 from msb.errors import MSBError
 
 #: defaults of :func:`estimate_fov` (grey levels of 8-bit images, shares of images / pixels)
-FOV_DEFAULTS = {"dev_max": 6.0, "dev_share": 2 / 3, "min_region": 8, "dark_max": 24, "dark_share": 0.9, "min_images": 4, "max_left_out": 0.9,
+FOV_DEFAULTS = {"dev_max": 6.0, "dev_share": 2 / 3, "min_region": 8, "dark_max": 24, "dark_share": 0.9,
+                "min_images": 4, "max_left_out": 0.9,
                 "max_sample": 2000}
 
 
@@ -84,9 +87,10 @@ class FovMask:
         """JSON-able record (``audit.json`` ``fov``)."""
         rule = {"none": "nothing left out (whole frame)",
                 "file": f"user mask {self.source} (non-zero = content), nearest-neighbour resize",
-                "auto": (f"left out: >= 2/3 of the images within {FOV_DEFAULTS['dev_max']} grey levels of the median or dark "
+                "auto": (f"left out: >= 2/3 of the images within {FOV_DEFAULTS['dev_max']} grey levels of the median "
+                         f"or dark "
                          f"(<= {FOV_DEFAULTS['dark_max']}) in >= {FOV_DEFAULTS['dark_share']:.0%} of the images, "
-                         f"grown by 1 px; per image also its dark border connected to the crop's edge")}[self.mode]
+                         f"grown by 1 px; per image also its dark border connected to the image's edge")}[self.mode]
         return {"mode": self.mode, "rule": rule, "left_out_fraction": round(float(self.left_out_fraction), 4),
                 "parts": {k: round(float(v), 4) for k, v in self.parts.items()}, "per_image": self.per_image,
                 "active": self.active, "notes": list(self.notes), "mask_size": list(self.mask.shape)}
@@ -177,8 +181,8 @@ class ContentTable:
 
     Attributes:
         phash, dhash: ``(N,)`` ``uint64`` hashes of the content crop.
-        thumbs: ``(N, S, S)`` ``uint8`` crop thumbnails (left-out pixels set to the image's content mean).
-        masks: ``(N, S, S)`` bool image masks on the crop thumbnails (``True`` = content).
+        thumbs: ``(N, S, S)`` ``uint8`` whole-image thumbnails (left-out pixels set to the image's content mean).
+        masks: ``(N, S, S)`` bool image masks (``True`` = content).
         box: the content crop in thumbnail pixels ``(r0, r1, c0, c1)``.
     """
 
@@ -218,10 +222,10 @@ def _content_one(path: str, fov: FovMask, size: int, box: tuple[int, int, int, i
     if not m.all():
         thumb = thumb.copy()
         thumb[~m] = int(round(float(thumb[m].mean())))
-    r0, r1 = int(np.floor(box[0] * h / size)), max(int(np.ceil(box[1] * h / size)), int(np.floor(box[0] * h / size)) + 1)
-    c0, c1 = int(np.floor(box[2] * w / size)), max(int(np.ceil(box[3] * w / size)), int(np.floor(box[2] * w / size)) + 1)
+    r0, c0 = int(np.floor(box[0] * h / size)), int(np.floor(box[2] * w / size))
+    r1, c1 = max(int(np.ceil(box[1] * h / size)), r0 + 1), max(int(np.ceil(box[3] * w / size)), c0 + 1)
     crop = grey[r0:r1, c0:c1]
-    full_m = (cv2.resize(m.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST) > 0)[r0:r1, c0:c1]
+    full_m = (cv2.resize(fov.mask.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST) > 0)[r0:r1, c0:c1]
     if full_m.any() and not full_m.all():
         crop = crop.copy()
         crop[~full_m] = int(round(float(crop[full_m].mean())))

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-import pandas as pd
 
 from msb.audit.calibration import judged
 from msb.audit.core import AuditConfig, AuditResult, run_audit

@@ -245,4 +245,5 @@ def ssim_pairs(thumbs: np.ndarray, i: np.ndarray, j: np.ndarray, masks: np.ndarr
                     dtype=np.float64)
 
 
-__all__ = ["min_overlap", "ncc_pairs", "ncc_all_pairs", "ncc_query_pairs", "ssim_pairs", "screen_description", "SSIM_PARAMS"]
+__all__ = ["min_overlap", "ncc_pairs", "ncc_all_pairs", "ncc_query_pairs", "ssim_pairs", "screen_description",
+           "SSIM_PARAMS"]

@@ -160,7 +160,8 @@ def test_same_content_under_two_borders_is_confirmed_different_content_under_one
     assert min(ref[p] for p in ab) < 0.8  # and two borders make the same content look different
 
     content = run_audit(framed)
-    within = {tuple(sorted(p)) for v in range(6) for p in combinations([f"v{v}_{k}" for k in ("a1", "a2", "a3", "b")], 2)}
+    within = {tuple(sorted(p)) for v in range(6)
+              for p in combinations([f"v{v}_{k}" for k in ("a1", "a2", "a3", "b")], 2)}
     assert _confirmed(content) == within  # all 36 same-content pairs, no pair of two videos
     assert content.params["fov"]["left_out_fraction"] > 0.3
 
