@@ -197,6 +197,11 @@ def test_video_split_passes_random_split_fails(framed: Path, tmp_path: Path) -> 
                "crossing-near-duplicate")
     assert r.exit_code == 3, r.stdout
     v = json.loads((tmp_path / "r" / "verdict.json").read_text())
+    check = next(c for c in v["checks"] if c["check"] == "crossing-near-duplicate")
+    frames = ("a1", "a2", "a3", "b")
+    cut_pairs = sum(sum(draw[f"v{k}_{x}"] == "train" for x in frames) * sum(draw[f"v{k}_{x}"] == "test" for x in frames)
+                    for k in range(6))  # one near-duplicate group per video: its train x test row pairs
+    assert check["crossing_pairs"] == cut_pairs > 0 and check["pairs_in_groups"] == 36
     assert v["predicate"]["thresholds"]["ncc_min"] == 0.95 and v["predicate"]["cross_group_pairs"] == 0
     assert v["predicate"]["within_group_pairs"] == 36 and v["predicate"]["within_group_denominator"] == 36
     assert v["predicate"]["fov"]["mode"] == "auto" and (tmp_path / "r" / "fov_mask.png").is_file()
