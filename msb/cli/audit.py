@@ -138,9 +138,11 @@ def _print_calibration(res, fmt: str) -> None:
 
 
 def _table(df, title: str) -> Table:
+    import pandas as pd
+
     t = Table(title=title)
     for col in df.columns:
-        t.add_column(str(col), justify="left" if df[col].dtype == object else "right")
+        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
     for row in df.itertuples(index=False):
         t.add_row(*[str(x) for x in row])
     return t
