@@ -30,6 +30,7 @@ from msb.audit.core import AuditConfig, run_audit
 from msb.audit.screens import SSIM_PARAMS, ncc_all_pairs, ncc_pairs, ssim_pairs
 from msb.cli.app import app
 from msb.data.schema import ClassSpec, write_prepared_dataset
+from msb.errors import MSBError
 
 H, W = 160, 192
 R0, R1, C0, C1 = 16, 144, 40, 184  # content window
@@ -250,3 +251,22 @@ def test_apply_clusters_follows_a_cross_group_link_only_when_accepted(framed: Pa
     groups = pd.read_csv(tmp_path / "c2" / "index.csv", keep_default_na=False).set_index("sample_id")["group"]
     assert groups.nunique() == 5 and groups[a] == groups[b]
     assert set(groups[[s for s in groups.index if _video(s) in (_video(a), _video(b))]]) == {groups[a]}
+
+
+def test_fov_mask_file_is_used_recorded_and_written(planted: Path, tmp_path: Path) -> None:
+    mask = np.zeros((50, 80), np.uint8)
+    mask[:, 40:] = 255  # right half = content
+    assert cv2.imwrite(str(tmp_path / "m.png"), mask)
+    out = tmp_path / "a"
+    r = _audit(str(planted), "--fov", str(tmp_path / "m.png"), "--out", str(out))
+    assert r.exit_code == 0, r.stdout
+    fov = json.loads((out / "audit.json").read_text())["fov"]
+    assert fov["mode"] == "file" and fov["left_out_fraction"] == 0.5 and not fov["per_image"]
+    written = cv2.imread(str(out / "fov_mask.png"), cv2.IMREAD_GRAYSCALE)
+    want = cv2.resize(mask, (64, 64), interpolation=cv2.INTER_NEAREST)
+    assert (written == want).all()
+    assert "screens on the content (--fov file): 50.0 % of the thumbnail pixels left out" in r.stdout
+    pairs = pd.read_csv(out / "pairs.csv")  # byte copies stay confirmed, with NCC 1 on the content half
+    assert pairs.set_index(["sample_id_a", "sample_id_b"]).loc[("a", "copy_a"), "ncc"] == pytest.approx(1.0)
+    r = _audit(str(planted), "--fov", str(tmp_path / "missing.png"), "--out", str(out))
+    assert isinstance(r.exception, MSBError) and "--fov must be auto, none or a mask image file" in str(r.exception)
