@@ -11,6 +11,10 @@ Modules:
   grey thumbnails for the pixel screens (one decode per image);
 * :mod:`msb.audit.search`: vectorised Hamming search over packed hashes, exact-value groups, connected
   components (union-find equivalent, via scipy);
+* :mod:`msb.audit.content`: the fixed frame (border, overlay) left out (``--fov``): dataset and image masks,
+  fingerprints of the content;
+* :mod:`msb.audit.calibration`: known groups as a calibration (cross-/within-group pairs per screen and
+  threshold), clusters joining groups, the default and strict predicates;
 * :mod:`msb.audit.screens`: normalised cross-correlation and SSIM of candidate pairs at a stated resolution;
   all-pairs NCC (every pair, vectorised) and NCC of sampled query rows against every row;
 * :mod:`msb.audit.candidates`: candidate generators (``hash`` prefilter, ``all`` pairs) and the prefilter's

@@ -46,7 +46,8 @@ class Candidates:
 
 
 def candidate_pairs(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, k: int, generator: str,
-                    ncc_min: float | None, block: int = 256, workers: int = 1) -> Candidates:
+                    ncc_min: float | None, block: int = 256, workers: int = 1,
+                    masks: np.ndarray | None = None) -> Candidates:
     """Candidate pairs by the chosen generator (module docstring).
 
     Args:
@@ -56,6 +57,7 @@ def candidate_pairs(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, k:
         generator: ``"hash"`` or ``"all"``.
         ncc_min: NCC threshold of ``all`` (required there).
         block, workers: hash search block size and threads.
+        masks: optional ``(N, S, S)`` content masks of the thumbnails (:mod:`msb.audit.content`).
 
     Returns:
         :class:`Candidates`.
@@ -73,7 +75,7 @@ def candidate_pairs(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, k:
     elif generator == "all":
         if ncc_min is None:
             raise ValueError("the all-pairs generator needs an NCC threshold")
-        ni, nj = ncc_all_pairs(thumbs, float(ncc_min))
+        ni, nj = ncc_all_pairs(thumbs, float(ncc_min), masks=masks)
         code = np.unique(np.concatenate([hash_code, ni * n + nj]).astype(np.int64))
         size = thumbs.shape[1] if thumbs.ndim == 3 else 0
         rule = (f"every pair compared: NCC >= {ncc_min} on {size}x{size} px thumbnails ({n * (n - 1) // 2} pairs), "
@@ -107,7 +109,8 @@ def prefilter_recall(phash_distance: np.ndarray, dhash_distance: np.ndarray, ref
 
 
 def sampled_recall(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, sha256: np.ndarray, k: int,
-                   ncc_min: float, n_sample: int, seed: int = 0, ks: Sequence[int] = RECALL_KS) -> dict:
+                   ncc_min: float, n_sample: int, seed: int = 0, ks: Sequence[int] = RECALL_KS,
+                   masks: np.ndarray | None = None) -> dict:
     """Measured recall of the hash prefilter on a random sample of query rows (module docstring).
 
     Args:
@@ -118,6 +121,7 @@ def sampled_recall(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, sha
         ncc_min: NCC threshold of the reference screen.
         n_sample: query rows ``M`` (all rows when ``M >= N``).
         seed: ``numpy.random.default_rng`` seed of the draw.
+        masks: optional content masks (NCC over the overlap, :mod:`msb.audit.screens`).
 
     Returns:
         :func:`prefilter_recall` output plus ``sample_rows``, ``seed`` and per ``k`` ``ci95`` (Wilson).
@@ -127,9 +131,9 @@ def sampled_recall(phash: np.ndarray, dhash: np.ndarray, thumbs: np.ndarray, sha
     n = len(phash)
     m = min(int(n_sample), n)
     q = np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False)) if m < n else np.arange(n)
-    i, j = ncc_query_pairs(thumbs, q, ncc_min)
+    i, j = ncc_query_pairs(thumbs, q, ncc_min, masks=masks)
     if len(i):
-        exact = ncc_pairs(thumbs, i, j) >= ncc_min
+        exact = ncc_pairs(thumbs, i, j, masks=masks) >= ncc_min
         i, j = i[exact], j[exact]
     sha = np.asarray(sha256, dtype=object)
     ref = sha[i] != sha[j] if len(i) else np.zeros(0, bool)

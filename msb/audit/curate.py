@@ -168,16 +168,32 @@ def groups_from_clusters(index: pd.DataFrame, cluster_of: Mapping[str, str]) -> 
     return pd.Series(new, index=index.index, name="group", dtype=object), merged
 
 
-def cluster_decisions(result, relation: str = "near_duplicate") -> pd.DataFrame:
+def accepted_links(user: pd.DataFrame | None) -> dict[str, str]:
+    """Sample id -> target of the decisions' ``group`` rows: a cross-group link ``(a, b)`` is *accepted* when both
+    ``a`` and ``b`` are there with the same target (the reviewer put them into one group)."""
+    if user is None:
+        return {}
+    g = user[user["action"] == "group"]
+    return dict(zip(g["sample_id"].astype(str), g["target"].astype(str)))
+
+
+def cluster_decisions(result, relation: str = "near_duplicate", accepted: Mapping[str, str] | None = None
+                      ) -> pd.DataFrame:
     """Decisions that put every member of each ``relation`` cluster (>= 2 rows) into one group.
+
+    A near-duplicate cluster is cut at its cross-group links (confirmed pairs of two different non-empty groups,
+    ``pairs.cross_group``) that ``accepted`` (:func:`accepted_links`) does not accept: the connected components of
+    its other confirmed pairs become groups ``audit-near_duplicate-<cluster>.<k>`` (parts of >= 2 rows); an uncut
+    cluster stays ``audit-near_duplicate-<cluster>``.
 
     Args:
         result: :class:`msb.audit.core.AuditResult` of a single-dataset audit.
         relation: audited relation (default ``near_duplicate``).
+        accepted: sample id -> target of the reviewer's ``group`` decisions.
 
     Returns:
-        DataFrame with :data:`DECISION_COLUMNS`: ``action = group``, ``target = audit-<relation>-<cluster>``,
-        a reason naming the cluster size, the sides it spans and the rule used.
+        DataFrame with :data:`DECISION_COLUMNS`: ``action = group``, ``target`` as above, a reason naming the
+        cluster size, the sides it spans, the rule used and the links not followed.
     """
     col = f"cluster_{relation}"
     rows = result.rows
@@ -185,16 +201,53 @@ def cluster_decisions(result, relation: str = "near_duplicate") -> pd.DataFrame:
         raise MSBError(f"unknown relation {relation!r}; audited relations: "
                        f"{[c[8:] for c in rows.columns if c.startswith('cluster_')]}.")
     rule = result.params.get("confirmation_rule", "")
+    part = rows[col].to_numpy()
+    cut: dict[int, list[str]] = {}
+    pairs = result.pairs
+    if relation == "near_duplicate" and "cross_group" in pairs.columns and len(pairs):
+        acc = dict(accepted or {})
+        sid = rows["sample_id"].astype(str).to_numpy()
+        a, b = pairs["a"].to_numpy(int), pairs["b"].to_numpy(int)
+        ok = np.array([x in acc and acc[x] == acc.get(y) for x, y in zip(sid[a], sid[b])], dtype=bool)
+        link = pairs["confirmed"].to_numpy(bool) & pairs["cross_group"].to_numpy(bool) & ~ok
+        keep = pairs["confirmed"].to_numpy(bool) & ~link
+        part = component_labels(len(rows), a[keep], b[keep])
+        for t in np.flatnonzero(link):
+            cut.setdefault(int(rows[col].iat[a[t]]), []).append(f"{sid[a[t]]}-{sid[b[t]]}")
     out = []
     for lab, g in rows.groupby(col, sort=True):
         if len(g) < 2:
             continue
         sides = sorted({s for s in g["side"] if s})
+        parts = pd.Series(part[g.index.to_numpy()], index=g.index)
+        sizes = parts.value_counts()
+        names = {p: k + 1 for k, p in enumerate(sorted(sizes.index[sizes.to_numpy() >= 2]))}
+        not_followed = f"; cross-group link(s) not followed: {', '.join(cut[int(lab)])}" if int(lab) in cut else ""
         reason = (f"{relation} cluster {int(lab)} ({len(g)} rows; sides {','.join(sides) or 'none'}; "
-                  f"{result.params.get('candidate_rule', '')}; confirmed by {rule})")
-        for sid in g["sample_id"]:
-            out.append({"sample_id": sid, "action": "group", "reason": reason, "target": f"audit-{relation}-{int(lab)}"})
+                  f"{result.params.get('candidate_rule', '')}; confirmed by {rule}{not_followed})")
+        for sid_, p in zip(g["sample_id"], parts):
+            if p not in names:
+                continue
+            target = f"audit-{relation}-{int(lab)}" if len(names) == 1 and int(lab) not in cut \
+                else f"audit-{relation}-{int(lab)}.{names[p]}"
+            out.append({"sample_id": sid_, "action": "group", "reason": reason, "target": target})
     return pd.DataFrame(out, columns=list(DECISION_COLUMNS))
+
+
+def combine_decisions(audit: pd.DataFrame, user: pd.DataFrame) -> pd.DataFrame:
+    """The audit's cluster decisions with the reviewer's (:func:`read_decisions`) taking precedence for the samples
+    they name; an audit group holding a sample the reviewer put into group ``T`` is renamed ``T`` (the smallest
+    such name), so an accepted link merges both sides' clusters."""
+    named = set(user["sample_id"])
+    g = user[user["action"] == "group"].set_index("sample_id")["target"]
+    rename = {}
+    for t, members in audit.groupby("target")["sample_id"]:
+        hit = sorted({g[s] for s in members if s in g.index})
+        if hit:
+            rename[t] = hit[0]
+    rest = audit[~audit["sample_id"].isin(named)].copy()
+    rest["target"] = rest["target"].map(lambda t: rename.get(t, t))
+    return pd.concat([rest, user.drop(columns=["line"])], ignore_index=True)
 
 
 @dataclass
@@ -297,4 +350,5 @@ def apply_decisions(dataset: str | os.PathLike, decisions: str | os.PathLike | p
 
 
 __all__ = ["read_decisions", "apply_decisions", "merge_groups", "groups_from_clusters", "cluster_decisions",
+           "accepted_links", "combine_decisions",
            "CurationReport", "ACTIONS", "DECISION_COLUMNS"]

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from msb.audit.core import AuditConfig, run_audit
+from msb.audit.calibration import judged
 from msb.audit.report import write_audit
 from msb.audit.verdict import audit_verdict, parse_checks
 from msb.data.schema import load_prepared_dataset
@@ -28,7 +29,7 @@ from msb.errors import AuditFailed
 from msb.utils.locks import file_lock
 
 #: bump when the audit's output for the same inputs changes (invalidates cached audits)
-GATE_VERSION = 1
+GATE_VERSION = 2
 
 
 def audit_digest(dataset_root: str | Path, split_file: str | Path, config: AuditConfig) -> tuple[str, dict]:
@@ -43,7 +44,9 @@ def audit_digest(dataset_root: str | Path, split_file: str | Path, config: Audit
         files.update(f"{p}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     inputs = {"gate_version": GATE_VERSION, "dataset": str(ds.root), "index_sha256": index_sha,
               "split_file": str(split_file), "split_sha256": split_sha, "image_stats_sha256": files.hexdigest(),
-              "config": asdict(config)}
+              "config": asdict(config),
+              "fov_sha256": (hashlib.sha256(Path(config.fov).expanduser().read_bytes()).hexdigest()
+                             if config.fov not in ("auto", "none") else None)}
     h.update(json.dumps({k: v for k, v in inputs.items() if k not in ("dataset", "split_file")},
                         sort_keys=True).encode())
     return h.hexdigest(), inputs
@@ -71,11 +74,12 @@ def gated_audit(dataset_root: str | Path, split_file: str | Path, checks: Sequen
         reused = old.get("digest") == digest and (folder / "census.csv").is_file()
         if reused:
             census = pd.read_csv(folder / "census.csv", keep_default_na=False)
-            verdict = audit_verdict(census, "split", checks)
+            extras = {k: old[k] for k in ("predicate", "predicates", "group_links", "warnings") if k in old}
+            verdict = {**audit_verdict(census, "split", checks), **extras}
         else:
             log(f"audit of {inputs['dataset']} across {split_file} (data.require_audit: {', '.join(checks)}) ...")
             result = run_audit(dataset_root, split_file=split_file, config=cfg)
-            verdict = audit_verdict(result.census, result.boundary, checks)
+            verdict = judged(result, checks)
             result.verdict = {**verdict, "digest": digest, "inputs": inputs}
             write_audit(result, folder)  # census.csv first, verdict.json (with the digest) after it
     return {**verdict, "digest": digest}, folder, reused

@@ -6,9 +6,11 @@ Modes:
   (default ``<dataset>/audit``, or ``<dataset>/audit_vs_<other>`` with ``against``);
 * ``apply`` only (a decisions CSV, no ``apply_clusters``): no audit is run; the decisions are applied
   (:func:`msb.audit.curate.apply_decisions`);
-* ``apply_clusters``: audit, then every near-duplicate cluster becomes a group in a curated dataset. A decisions
-  file given with it takes precedence for the samples it names; the combined decisions are written to
-  ``<out>/decisions_applied.csv`` (the file recorded in ``curation.json``).
+* ``apply_clusters``: audit, then every near-duplicate cluster becomes a group in a curated dataset, except that a
+  cluster is cut at its cross-group links (confirmed pairs of two different groups) unless the decisions file
+  accepts the link (:func:`msb.audit.curate.accepted_links`). A decisions file given with it takes precedence
+  for the samples it names; the combined decisions are written to ``<out>/decisions_applied.csv`` (the file
+  recorded in ``curation.json``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
-import pandas as pd
 
+from msb.audit.calibration import judged
 from msb.audit.core import AuditConfig, AuditResult, run_audit
-from msb.audit.curate import CurationReport, apply_decisions, cluster_decisions, read_decisions
+from msb.audit.curate import (CurationReport, accepted_links, apply_decisions, cluster_decisions, combine_decisions,
+                              read_decisions)
 from msb.audit.report import write_audit
-from msb.audit.verdict import audit_verdict, parse_checks
+from msb.audit.verdict import parse_checks
 from msb.data.schema import load_prepared_dataset
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
@@ -70,16 +73,16 @@ def audit_dataset(dataset: str | Path, *, against: str | Path | None = None, out
         raise MSBError("--fail-on crossing-group: groups are only audited across the splits of one dataset; "
                        "drop it or audit without --against.")
     result = run_audit(dataset, against=against, split_file=split_file, config=config, progress=progress)
-    result.verdict = audit_verdict(result.census, result.boundary, checks)
+    result.verdict = judged(result, checks)
     out_dir = Path(out) if out is not None else default_out(dataset, against)
     written = write_audit(result, out_dir, max_sheet_pairs=max_sheet_pairs)
     curation = None
     if apply_clusters:
-        dec = cluster_decisions(result)
-        if apply is not None:
-            user = read_decisions(apply, load_prepared_dataset(dataset, check_files=False).sample_ids)
-            dec = pd.concat([dec[~dec["sample_id"].isin(set(user["sample_id"]))],
-                             user.drop(columns=["line"])], ignore_index=True)
+        user = read_decisions(apply, load_prepared_dataset(dataset, check_files=False).sample_ids) \
+            if apply is not None else None
+        dec = cluster_decisions(result, accepted=accepted_links(user) if user is not None else None)
+        if user is not None:
+            dec = combine_decisions(dec, user)
         applied = out_dir / "decisions_applied.csv"
         atomic_write_text(applied, dec.to_csv(index=False, lineterminator="\n"))
         written.append(applied)

@@ -17,6 +17,12 @@ file                        content
 ``audit.json``              parameters (rules, thresholds, screen resolution and interpolation, versions, times)
 ``verdict.json``            the verdict (:mod:`msb.audit.verdict`): status, requested and failed checks, every
                             check's crossing groups/rows with denominators, the one-line summary
+``predicates.csv``          the default and the strict predicate side by side, counts with denominators
+                            (:mod:`msb.audit.calibration`)
+``calibration.csv``         single-dataset mode: per screen and threshold, cross-group and within-group pairs
+``group_links.csv``         single-dataset mode: confirmed pairs of two different groups (NCC, SSIM, distances)
+``fov_mask.png``            the dataset content mask (255 = content) when the frame is left out
+                            (:mod:`msb.audit.content`)
 ``decisions_template.csv``  single-dataset mode: one ``group`` decision per near-duplicate cluster member, ready
                             for ``msb audit --apply`` (edit ``action`` to ``drop``/``keep`` as reviewed)
 ==========================  ==================================================================================
@@ -35,6 +41,8 @@ import pandas as pd
 from jinja2 import Environment
 from PIL import Image
 
+from msb.audit.calibration import calibration_table, group_links, predicates_table, spanning_clusters
+from msb.audit.content import FovMask, write_fov_mask
 from msb.audit.core import AuditResult
 from msb.audit.counterparts import rule_summary
 from msb.utils.atomic import atomic_path, atomic_write_text
@@ -63,6 +71,27 @@ td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}
 <td>{% for k, v in c.side_pairs.items() %}{{ k }}: {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}</td>
 <td>{% if c.check in verdict.failed %}<b>FAIL</b>{% elif c.check in verdict.checked %}pass{% else %}not gated{% endif %}</td></tr>
 {% endif %}{% endfor %}</table>
+{% if spanning %}<h2>Clusters that join several groups ({{ spanning|length }})</h2>
+<p>Confirmed near-duplicate clusters holding rows of two or more groups, joined by the linking pairs below (an upper
+bound on false positives: frames of different recordings are presumed independent). <code>--apply-clusters</code>
+does not follow these links unless the decisions file puts both samples into one group.</p>
+<table><tr><th>cluster</th><th>rows</th><th>groups</th><th>sides</th><th>linking pair(s)</th></tr>
+{% for c in spanning %}<tr><td>{{ c.cluster }}</td><td>{{ c.n_rows }}</td><td>{{ c.groups }}</td><td>{{ c.sides }}</td>
+<td>{{ c.linking_pairs }}</td></tr>{% endfor %}</table>{% endif %}
+{% if fov %}<h2>Screens on the content</h2>
+<p>Content mask: <b>{{ fov.mode }}</b> ({{ fov.rule }}); left out: <b>{{ "%.1f"|format(100 * fov.left_out_fraction) }} %</b>
+of the thumbnail pixels{% for n in fov.notes %}; {{ n }}{% endfor %}.{% if fov_png %}
+<img src="{{ fov_png }}" alt="content mask" style="width:96px;height:96px;border:1px solid #999;vertical-align:middle">
+(white = content; fov_mask.png){% endif %}</p>{% endif %}
+{% if predicates %}<h2>Predicates</h2>
+<table><tr>{% for k in predicates[0].keys() %}<th>{{ k }}</th>{% endfor %}</tr>
+{% for r in predicates %}<tr>{% for v in r.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endif %}
+{% if calibration %}<h2>Calibration on known groups</h2>
+<p>Default predicate: {{ verdict.predicate.cross_group_pairs }} confirmed pairs across groups of {{ verdict.predicate.cross_group_denominator }},
+{{ verdict.predicate.within_group_pairs }} within groups of {{ verdict.predicate.within_group_denominator }}. Per screen alone, the
+range that confirms no cross-group pair and the within-group candidate pairs it keeps (all thresholds: calibration.csv):</p>
+<table><tr><th>screen</th><th>no cross-group pair at</th><th>within-group pairs kept</th><th>of within-group candidates</th></tr>
+{% for c in calibration %}<tr><td>{{ c.screen }}</td><td>{{ c.no_cross_group }}</td><td>{{ c.within_kept }}</td><td>{{ c.within_candidates }}</td></tr>{% endfor %}</table>{% endif %}
 {% if counterparts %}<h2>Counterparts of evaluation rows</h2>
 <p>{{ params.counterparts.rule_text }}</p>
 <table><tr>{% for k in counterparts[0].keys() %}<th>{{ k }}</th>{% endfor %}</tr>
@@ -77,13 +106,14 @@ Candidate rule: {{ params.candidate_rule }}. Confirmation: {{ params.confirmatio
 <td>{{ r.unit }}</td><td>{{ r.denominator }}</td><td>{{ r.denominator_unit }}</td></tr>
 {% endfor %}</table>
 <h2>Candidate pairs ({{ shown }} of {{ total }} shown{% if total > shown %}; the rest are in pairs.csv{% endif %})</h2>
-<p>Red frame: the pair crosses the boundary. Distances are Hamming distances of 64-bit hashes.</p>
+<p>Red frame: the pair crosses the boundary. Pairs linking two groups come first (marked). Distances are Hamming
+distances of 64-bit hashes.</p>
 {% for p in pairs %}<div class="pair{% if p.crosses %} cross{% endif %}">
 <img src="{{ p.img_a }}" alt="{{ p.key_a }}"><img src="{{ p.img_b }}" alt="{{ p.key_b }}">
 <div class="meta"><b>{{ p.key_a }}</b> ({{ p.side_a or "no side" }}) &harr; <b>{{ p.key_b }}</b> ({{ p.side_b or "no side" }})<br>
 pHash d={{ p.phash_distance }}, dHash d={{ p.dhash_distance }}{% if p.same_bytes %}, <b>identical bytes</b>{% endif %}<br>
 NCC={{ p.ncc }}, SSIM={{ p.ssim }}, {% if p.confirmed %}confirmed{% else %}<span class="no">not confirmed</span>{% endif %},
-cluster {{ p.near_duplicate_cluster }}</div></div>
+cluster {{ p.near_duplicate_cluster }}{% if p.cross_group %}, <b>links groups {{ p.group_a }} and {{ p.group_b }}</b>{% endif %}</div></div>
 {% endfor %}
 </body></html>
 """)
@@ -114,9 +144,11 @@ def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 16
 
     Pairs are ordered crossing first, then confirmed, then by pHash and dHash distance; at most ``max_pairs``.
     """
-    p = result.pairs.sort_values(["crosses", "confirmed", "phash_distance", "dhash_distance", "a", "b"],
-                                 ascending=[False, False, True, True, True, True]).head(max_pairs)
+    p = result.pairs.assign(link_=result.pairs["confirmed"] & result.pairs.get("cross_group", False))
+    p = p.sort_values(["link_", "crosses", "confirmed", "phash_distance", "dhash_distance", "a", "b"],
+                      ascending=[False, False, False, True, True, True, True]).head(max_pairs)
     paths = result.rows["image_path"].to_numpy()
+    groups = result.rows["group"].to_numpy().astype(str)
     items = []
     for r in p.itertuples(index=False):
         items.append({"key_a": r.key_a, "key_b": r.key_b, "side_a": r.side_a, "side_b": r.side_b,
@@ -124,13 +156,30 @@ def render_contact_sheet(result: AuditResult, max_pairs: int = 300, px: int = 16
                       "same_bytes": bool(r.same_bytes), "ncc": _fmt(r.ncc), "ssim": _fmt(r.ssim),
                       "confirmed": bool(r.confirmed), "crosses": bool(r.crosses),
                       "near_duplicate_cluster": int(r.near_duplicate_cluster),
+                      "cross_group": bool(r.link_), "group_a": groups[r.a], "group_b": groups[r.b],
                       "img_a": _thumb_data_uri(paths[r.a], px), "img_b": _thumb_data_uri(paths[r.b], px)})
     title = " vs ".join(result.datasets)
     cp = getattr(result, "counterparts", None)
+    verdict = result_verdict(result)
+    fov = result.params.get("fov")
     return _SHEET.render(title=title, params=result.params, census=result.census.to_dict("records"), pairs=items,
-                         shown=len(items), total=len(result.pairs), px=px, verdict=result_verdict(result),
+                         fov=fov if fov and fov.get("mode") != "none" else None, fov_png=_mask_uri(result),
+                         spanning=spanning_clusters(result.rows, result.pairs).to_dict("records")
+                         if result.boundary == "split" else [],
+                         predicates=pd.DataFrame(verdict.get("predicates", [])).to_dict("records"),
+                         calibration=verdict.get("predicate", {}).get("calibration", []),
+                         shown=len(items), total=len(result.pairs), px=px, verdict=verdict,
                          counterparts=rule_summary(cp).to_dict("records") if cp is not None and len(cp) else [],
                          recall=recall_text(result.params))
+
+
+def _mask_uri(result: AuditResult) -> str:
+    m = getattr(result, "fov_mask", None)
+    if m is None:
+        return ""
+    buf = io.BytesIO()
+    Image.fromarray(m.astype(np.uint8) * 255).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def recall_text(params: dict) -> str:
@@ -145,9 +194,9 @@ def recall_text(params: dict) -> str:
 
 def result_verdict(result: AuditResult) -> dict:
     """``result.verdict``, or the verdict with no check requested when the audit was run without one."""
-    from msb.audit.verdict import audit_verdict
+    from msb.audit.calibration import judged
 
-    return result.verdict if result.verdict is not None else audit_verdict(result.census, result.boundary)
+    return result.verdict if result.verdict is not None else judged(result)
 
 
 def all_clusters(result: AuditResult) -> pd.DataFrame:
@@ -183,9 +232,16 @@ def write_audit(result: AuditResult, out_dir: str | Path, max_sheet_pairs: int =
               "images.csv": result.rows}
     if result.counterparts is not None:
         tables["counterparts.csv"] = result.counterparts
+    tables["predicates.csv"] = predicates_table(result.rows, result.pairs, result.params["confirmation_rule"])
+    if result.boundary == "split":
+        cfg = result.params["config"]
+        tables["calibration.csv"] = calibration_table(result.rows, result.pairs, int(cfg["hamming_k"]), cfg["ncc_min"])
+        tables["group_links.csv"] = group_links(result.rows, result.pairs)
     for name, df in tables.items():
         atomic_write_text(out / name, df.to_csv(index=False, lineterminator="\n"))
         written.append(out / name)
+    if getattr(result, "fov_mask", None) is not None:
+        written.append(write_fov_mask(FovMask("auto", result.fov_mask), out / "fov_mask.png"))
     with atomic_path(out / "audit.xlsx") as tmp:
         with pd.ExcelWriter(tmp, engine="openpyxl") as xw:
             sheets = [("census", result.census), ("pairs", result.pairs), ("clusters", clusters),

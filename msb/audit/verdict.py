@@ -74,7 +74,8 @@ def check_result(census: pd.DataFrame, check: str) -> dict[str, Any]:
 
     Returns:
         ``{"check", "relation", "available", "crossing_groups", "groups" (with >= 2 rows), "crossing_rows",
-        "rows_with_side", "side_pairs" ({"train|test": crossing groups, ...} for pairs with >= 1),
+        "rows_with_side", "crossing_pairs" (row pairs of one group on two sides), "pairs_in_groups" (row pairs
+        within groups, both with a side), "side_pairs" ({"train|test": crossing groups, ...} for pairs with >= 1),
         "crosses"}``; ``available`` is False when the audit has no such relation (e.g. ``shared_group`` in an
         ``--against`` audit), and then ``crosses`` is False.
     """
@@ -82,10 +83,12 @@ def check_result(census: pd.DataFrame, check: str) -> dict[str, Any]:
     available = bool((census["relation"] == rel).any())
     cg, groups = _value(census, rel, "crossing_groups")
     cr, rows = _value(census, rel, "crossing_rows")
+    cp, pairs = _value(census, rel, "crossing_pairs")
     sp = census[(census["relation"] == rel) & (census["quantity"] == "crossing_groups") & (census["scope"] != "all")]
     side_pairs = {str(s): int(c) for s, c in zip(sp["scope"], sp["count"]) if int(c) > 0}
     return {"check": check, "relation": rel, "available": available, "crossing_groups": cg, "groups": groups,
-            "crossing_rows": cr, "rows_with_side": rows, "side_pairs": side_pairs, "crosses": cg > 0}
+            "crossing_rows": cr, "rows_with_side": rows, "crossing_pairs": cp, "pairs_in_groups": pairs,
+            "side_pairs": side_pairs, "crosses": cg > 0}
 
 
 def audit_verdict(census: pd.DataFrame, boundary: str, fail_on: Sequence[str] = (),

@@ -38,6 +38,15 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
           screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
           ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
           ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
+          fov: str = typer.Option("auto", help="Screens on the content: auto (leave out what is constant across "
+                                                "the images and each image's dark border) | none (whole frame) | "
+                                                "MASK.png (non-zero = content)."),
+          ncc_floor: Optional[float] = typer.Option(0.85, help="With the frame left out, whole-frame NCC >= "
+                                                               "--ncc-min also confirms when the content NCC is >= "
+                                                               "this (1: content NCC alone)."),
+          calibrate: bool = typer.Option(False, help="Print, per screen, the threshold range that confirms no pair "
+                                                     "of two different groups and the within-group pairs it "
+                                                     "keeps (calibration.csv has every threshold)."),
           split_file: Optional[Path] = typer.Option(None, help="sample_id,split CSV (e.g. a run's split.csv) "
                                                                "instead of index.csv's split column."),
           workers: int = typer.Option(1, help="Hashing processes / search threads."),
@@ -62,15 +71,20 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
     log = status_log(fmt)  # stdout carries the tables only unless fmt is table
     cfg = AuditConfig(hamming_k=hamming_k, screens=screens, screen_size=screen_size, ncc_min=ncc_min,
                       ssim_min=ssim_min, workers=workers, candidates=candidates, counterpart=counterpart,
-                      group_pattern=group_pattern, recall_sample=recall_sample)
+                      group_pattern=group_pattern, recall_sample=recall_sample, fov=fov,
+                      ncc_floor=None if ncc_floor is not None and ncc_floor >= 1 else ncc_floor)
     res = audit_dataset(dataset, against=against, out=out, config=cfg, split_file=split_file, apply=apply,
                         apply_clusters=apply_clusters, curated_out=curated_out, overwrite=overwrite,
                         max_sheet_pairs=max_sheet_pairs, fail_on=fail_on or (), progress=status_track(fmt))
     if res.result is not None:
         _print_result(res, fmt)
+        if calibrate:
+            _print_calibration(res, fmt)
     if res.curation is not None:
         log(res.curation.summary())
     if res.result is not None and res.result.verdict is not None:
+        for w in res.result.verdict.get("warnings", []):
+            log(f"warning: {w}")
         log(res.result.verdict["line"])
         if res.result.verdict["status"] == "FAIL":
             raise typer.Exit(FAIL_EXIT)
@@ -95,6 +109,43 @@ def census_numbers(summ):
         out[col] = pd.to_numeric(parts[0].replace("", None), errors="coerce").astype("Int64")
         out[f"{col} denominator"] = pd.to_numeric(parts[1], errors="coerce").astype("Int64")
     return out
+
+
+def _print_calibration(res, fmt: str) -> None:
+    """``--calibrate``: the predicates side by side and the per-screen ranges of the verdict (one source:
+    :func:`msb.audit.calibration.verdict_extras`)."""
+    import pandas as pd
+
+    log = status_log(fmt)
+    v = res.result.verdict or {}
+    pred = v.get("predicate")
+    if not pred:
+        log("--calibrate: audits across a split only (no groups across datasets)")
+        return
+    if not pred["rows_with_group"]:
+        log("--calibrate: no row has a group (group column or --group-pattern): nothing to calibrate on")
+    else:
+        cal = pd.DataFrame(pred["calibration"])[["screen", "no_cross_group", "within_kept", "within_candidates"]]
+        title = (f"calibration on known groups: default predicate confirms {pred['cross_group_pairs']} of "
+                 f"{pred['cross_group_denominator']} cross-group pairs, {pred['within_group_pairs']} of "
+                 f"{pred['within_group_denominator']} within-group pairs; per screen alone (calibration.csv)")
+        emit_frame(cal, fmt, title, _table(cal, title))
+    preds = pd.DataFrame(v.get("predicates", []))
+    if len(preds):
+        preds = preds.drop(columns=["rule"])
+        emit_frame(preds, fmt, "predicates (rules in predicates.csv)", _table(preds, "predicates (rules in "
+                                                                             "predicates.csv)"))
+
+
+def _table(df, title: str) -> Table:
+    import pandas as pd
+
+    t = Table(title=title)
+    for col in df.columns:
+        t.add_column(str(col), justify="right" if pd.api.types.is_numeric_dtype(df[col]) else "left")
+    for row in df.itertuples(index=False):
+        t.add_row(*[str(x) for x in row])
+    return t
 
 
 def _print_result(res, fmt: str = "table") -> None:
@@ -130,6 +181,11 @@ def _print_result(res, fmt: str = "table") -> None:
     if r.params["n_unassigned_rows"]:
         log(f"{r.params['n_unassigned_rows']} of {r.params['n_rows']} rows have no {r.boundary}: they cannot "
             f"cross; pass --split-file (e.g. a run's split.csv) to audit a concrete split")
+    fv = r.params.get("fov") or {}
+    if fv.get("mode", "none") != "none":
+        log(f"screens on the content (--fov {fv['mode']}): {100 * fv['left_out_fraction']:.1f} % of the thumbnail "
+            f"pixels left out" + ("; each image also loses its dark border" if fv.get("per_image") else "")
+            + "".join(f"; {n}" for n in fv.get("notes", [])))
     log(f"candidates: {r.params['candidate_rule']}; {r.params['seconds']['total']} s")
     rec = r.params.get("prefilter_recall")
     if rec and rec["n_reference_pairs"]:

@@ -38,14 +38,14 @@ def test_reports_written(planted_result, tmp_path: Path) -> None:
     names = sorted(p.name for p in written)
     assert names == sorted(["census.csv", "pairs.csv", "clusters.csv", "images.csv", "audit.xlsx",
                             "contact_sheet.html", "audit.json", "decisions_template.csv", "counterparts.csv",
-                            "verdict.json"])
+                            "verdict.json", "predicates.csv", "calibration.csv", "group_links.csv", "fov_mask.png"])
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no temporary leftovers
     census = pd.read_csv(out / "census.csv")
     wb = openpyxl.load_workbook(out / "audit.xlsx", read_only=True)
     assert wb.sheetnames == ["census", "counterparts", "pairs", "clusters", "images", "parameters"]
     assert wb["census"].max_row == len(census) + 1 and wb["pairs"].max_row == 4 + 1 and wb["images"].max_row == 13
     html = (out / "contact_sheet.html").read_text()
-    assert html.count("data:image/png;base64,") == 2 * 4
+    assert html.count("data:image/png;base64,") == 2 * 4 + 1  # the pairs and the content mask (fov_mask.png)
     assert "copy_a" in html and "shifted" not in html.lower().replace("shifted_c", "")  # keys, not file names
     assert "4 of 4 shown" in html and "64x64 px" in html
     params = json.loads((out / "audit.json").read_text())
