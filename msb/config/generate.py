@@ -38,6 +38,7 @@ from pydantic import Field
 from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError, SizeNotDivisibleError
+from msb.config.cluster_schema import ClusterConfig
 from msb.config.study_spec import AnalysesSpec, CrossValidationSpec, FinalSpec, SearchSpec
 from msb.config.pools_schema import ContrastsSpec, PoolSpec, pool_axes
 from msb.utils.atomic import atomic_write_text
@@ -70,6 +71,8 @@ class StudySpec(StrictModel):
     contrasts: Optional[ContrastsSpec] = None
     # protocol analyses written at the end of msb run (docs/protocols.md); not part of any unit's spec hash
     analyses: Optional[AnalysesSpec] = None
+    # Slurm resources of msb submit (msb/config/cluster_schema.py), over global.yaml's and overrides' `cluster`
+    cluster: Optional[ClusterConfig] = None
 
 
 @dataclass(frozen=True)
