@@ -26,15 +26,17 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import ValidationError
 
 from msb.config.cluster_schema import ClusterConfig
 from msb.errors import MSBError
 from msb.study.manifest import read_json, safe_url, write_json
-from msb.study.units import StudyUnit, study_units
 from msb.utils.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from msb.study.units import StudyUnit
 
 __all__ = ["SubmitResult", "parse_slurm_args", "resolve_cluster", "check_storage", "render_script", "submit",
            "slurm_dir", "logs_dir", "has_password"]
@@ -91,10 +93,10 @@ def parse_slurm_args(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve_cluster(unit: StudyUnit, pairs: list[str]) -> ClusterConfig:
+def resolve_cluster(unit: StudyUnit, over: dict[str, Any]) -> ClusterConfig:
     """The ``cluster`` section of a study: ``global.yaml`` and the study's ``overrides`` (the run config's
-    ``cluster``), then the study file's top-level ``cluster:`` keys, then ``--slurm`` pairs (later wins; ``sbatch``
-    lines add up).
+    ``cluster``), then the study file's top-level ``cluster:`` keys, then ``over`` (the ``--slurm`` pairs,
+    :func:`parse_slurm_args`); later wins, ``sbatch`` lines add up.
 
     Raises:
         MSBError: a bad ``--slurm`` pair or value (one line naming the key).
@@ -103,7 +105,6 @@ def resolve_cluster(unit: StudyUnit, pairs: list[str]) -> ClusterConfig:
     if unit.spec.cluster is not None:
         top = unit.spec.cluster.model_dump(exclude_unset=True)
         data.update({**top, "sbatch": data["sbatch"] + top.get("sbatch", [])})
-    over = parse_slurm_args(pairs)
     data.update({**over, "sbatch": data["sbatch"] + over.get("sbatch", [])})
     try:
         return ClusterConfig.model_validate(data)
@@ -188,9 +189,9 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
            log: Callable[[str], None] = lambda _m: None) -> SubmitResult:
     """Write the sbatch script of a study's workers and (unless ``dry_run``) submit it with ``sbatch``.
 
-    Checks come first and write nothing: the study file (every run config, as ``msb run`` checks it), the
-    storage (:func:`check_storage`), the ``cluster`` section with ``slurm`` pairs (:func:`resolve_cluster`), that
-    ``sbatch`` exists. A submission is recorded in ``_study/slurm/jobs.json`` (job id, workers, storage URL
+    Checks come first and write nothing: the storage (:func:`check_storage`), the ``slurm`` pairs
+    (:func:`parse_slurm_args`), the study file (every run config, as ``msb run`` checks it), the ``cluster``
+    section with the pairs (:func:`resolve_cluster`), that ``sbatch`` exists. A submission is recorded in ``_study/slurm/jobs.json`` (job id, workers, storage URL
     without password, time). The script holds the storage URL: it is written with mode 0600.
 
     Raises:
@@ -199,10 +200,13 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
     """
     study_path = Path(study_path).resolve()
     check_storage(storage, workers)
+    over = parse_slurm_args(slurm or [])  # the cheap checks first: the study's run configs import torch
+    from msb.study.units import study_units
+
     units = study_units(study_path, run_root)
     if not units:
         raise MSBError(f"{study_path}: the study has no unit to run (every architecture excluded)")
-    cluster = resolve_cluster(units[0], slurm or [])
+    cluster = resolve_cluster(units[0], over)
     sbatch = shutil.which("sbatch")
     if not dry_run and sbatch is None:
         raise MSBError("sbatch not found on PATH: run msb submit on a Slurm login node (or --dry-run to write the "

@@ -10,8 +10,7 @@ import types
 import typing
 from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
@@ -449,4 +448,3 @@ class RunConfig(StrictModel):
         if isinstance(data, dict) and not data.get("axes"):
             data.pop("axes", None)
         return data
-
