@@ -128,7 +128,9 @@ def status(study: Path = typer.Argument(..., help="Study YAML, or the study fold
                                                  "msb submit, else the study's SQLite file)."),
            run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config)."),
            format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
-    """Work items of a study by state (waiting, running with heartbeat age, done, failed) and what is left."""
+    """Work items of a study by state (waiting, running with heartbeat age, done, failed) and what is left;
+    reads the optuna storage and the study folder only. csv / markdown: the work-items table on stdout, the
+    running items and the summary on stderr; json: one object."""
     import json
 
     import pandas as pd
@@ -145,10 +147,13 @@ def status(study: Path = typer.Argument(..., help="Study YAML, or the study fold
     out(f"study {st.root} (storage {st.storage}): " + ", ".join(f"{u} {s}" for u, s in st.units.items()))
     cols = list(PhaseRow.__dataclass_fields__)
     emit_frame(pd.DataFrame([vars(p) for p in st.phases], columns=cols), fmt, "work items")
-    if st.running:
+    if st.running and fmt == "table":
         df = pd.DataFrame([vars(r) for r in st.running], columns=list(RunningRow.__dataclass_fields__))
         df["heartbeat_age_s"] = [("-" if a is None else f"{a:.0f}") for a in df["heartbeat_age_s"]]
         emit_frame(df, fmt, "running")
+    for r in st.running if fmt != "table" else []:  # csv / markdown: stdout holds one table
+        out(f"running: {r.unit} {r.phase} item {r.item} (trial {r.trial}) on {r.worker} {r.owner}, last heartbeat "
+            + ("none yet" if r.heartbeat_age_s is None else f"{r.heartbeat_age_s:.0f} s ago"))
     n = sum(p.items for p in st.phases)
     out(f"left: {st.left} of {n} work item(s) ({sum(p.running for p in st.phases)} running, "
         f"{sum(p.waiting for p in st.phases)} waiting, {sum(p.failed for p in st.phases)} failed); units finished: "

@@ -125,6 +125,40 @@ def test_slurm_pairs():
         check_storage(PG_URL, 0)
 
 
+def test_status_counts_items_by_state(tmp_path: Path, monkeypatch):
+    # a hand-made phase study on SQLite: item 0 done, 1 running (this process, in Slurm task 7_1), 2 failed by an
+    # error, 3 failed and re-enqueued once (heartbeat rule), 4 waiting
+    from msb.cluster.status import study_status
+    from msb.study import coord
+
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    root = tmp_path / "runs" / "st"
+    spec = {"spec_hash": "a" * 64, "instance": "b" * 32, "study": "st", "search": {"method": "grid"},
+            "cross_validation": None}
+    for unit in ("ds-arch", "ds-other"):
+        (root / "_study" / unit).mkdir(parents=True)
+    (root / "_study" / "ds-arch" / "spec.json").write_text(json.dumps(spec))
+    (root / "_study" / "ds-arch" / "state.json").write_text(json.dumps({"phase": "search"}))
+    storage = coord.open_storage(f"sqlite:///{root / '_study' / 'optuna.db'}", heartbeat_interval=1)
+    name = coord.phase_study_name("st", "ds-arch", "search", spec["spec_hash"], spec["instance"])
+    study = coord.get_or_create_study(storage, name, "maximize", [{} for _ in range(5)])
+    trials = [coord.claim_next(study, storage, exclusive=False) for _ in range(4)]
+    study.tell(trials[0], 1.0)
+    study.tell(trials[2], state=TrialState.FAIL)
+    study.tell(trials[3], state=TrialState.FAIL)
+    storage.get_heartbeat_stale_trial_callback()(study, coord.frozen_trial(study, 3))
+    coord.close_storage(storage)
+    st = study_status(root)  # the study folder; the storage: its optuna.db
+    assert st.units == {"ds-arch": "search"} and st.storage.endswith("_study/optuna.db")
+    p = st.phases[0]
+    assert (p.unit, p.phase, p.items, p.done, p.running, p.waiting, p.failed, p.retries, p.left) == \
+        ("ds-arch", "search", 5, 1, 1, 2, 1, 1, 4)
+    (r,) = st.running
+    assert (r.item, r.trial, r.worker, r.owner) == (1, 1, "slurm 7_1", coord.owner_id())
+    assert r.heartbeat_age_s is not None and 0 <= r.heartbeat_age_s < 30
+
+
 # ---- a real Slurm ---------------------------------------------------------------------------------------------
 
 
