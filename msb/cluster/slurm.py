@@ -110,7 +110,8 @@ def resolve_cluster(unit: StudyUnit, over: dict[str, Any]) -> ClusterConfig:
         return ClusterConfig.model_validate(data)
     except ValidationError as exc:
         e = exc.errors()[0]
-        raise MSBError(f"--slurm / cluster: {'.'.join(str(p) for p in e['loc'])}: {e['msg']}") from None
+        msg = e["msg"].removeprefix("Value error, ")
+        raise MSBError(f"--slurm / cluster: {'.'.join(str(p) for p in e['loc'])}: {msg}") from None
 
 
 def check_storage(url: str | None, workers: int) -> None:
@@ -191,8 +192,14 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
 
     Checks come first and write nothing: the storage (:func:`check_storage`), the ``slurm`` pairs
     (:func:`parse_slurm_args`), the study file (every run config, as ``msb run`` checks it), the ``cluster``
-    section with the pairs (:func:`resolve_cluster`), that ``sbatch`` exists. A submission is recorded in ``_study/slurm/jobs.json`` (job id, workers, storage URL
-    without password, time). The script holds the storage URL: it is written with mode 0600.
+    section with the pairs (:func:`resolve_cluster`), that ``sbatch`` exists. A submission is recorded in
+    ``_study/slurm/jobs.json`` (job id, workers, storage URL without password, time). The script holds the
+    storage URL: it is written with mode 0600.
+
+    Args:
+        study_path: the study YAML; storage: optuna RDB URL (None: SQLite in the study folder, one worker only);
+        workers: array tasks; slurm: ``KEY=VALUE`` pairs; dry_run: write, do not submit; requeue: ``#SBATCH
+        --requeue``; run_root: overrides ``run_root``; log: status lines.
 
     Raises:
         MSBError: any check above; ``sbatch`` refusing the job (its error line, e.g. an invalid partition; the

@@ -199,7 +199,7 @@ def test_job_array_of_two_workers_scancel_status_and_plain_run_equal(tmp_path: P
     from msb.cluster.status import study_status
 
     name = f"sl{uuid.uuid4().hex[:8]}"
-    spec = _study(name, epochs=4, heartbeat_interval=1, grace_period=30)
+    spec = _study(name, epochs=5, heartbeat_interval=1, grace_period=30)
     data = tmp_path / "data"
     study = make_project(tmp_path / "a", spec, data_root=data)
     plain = make_project(tmp_path / "b", spec, data_root=data)  # same run ids: compared with a plain msb run
@@ -248,7 +248,7 @@ def test_job_array_of_two_workers_scancel_status_and_plain_run_equal(tmp_path: P
         assert not [t for t in ts if t.state != TrialState.COMPLETE], phase
     # the killed trial trained once more from its saved epoch: each epoch appears once in its log
     for log in sdir.glob("*/train_log.csv"):
-        assert pd.read_csv(log)["epoch"].tolist() == [1, 2, 3, 4], log
+        assert pd.read_csv(log)["epoch"].tolist() == [1, 2, 3, 4, 5], log
     r = msb_cli("status", str(study), "--storage", PG_URL, "--format", "json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
