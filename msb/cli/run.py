@@ -146,7 +146,8 @@ def status(study: Path = typer.Argument(..., help="Study YAML, or the study fold
     out = status_log(fmt)
     out(f"study {st.root} (storage {st.storage}): " + ", ".join(f"{u} {s}" for u, s in st.units.items()))
     cols = list(PhaseRow.__dataclass_fields__)
-    emit_frame(pd.DataFrame([vars(p) for p in st.phases], columns=cols), fmt, "work items")
+    if st.phases or fmt != "table":
+        emit_frame(pd.DataFrame([vars(p) for p in st.phases], columns=cols), fmt, "work items")
     if st.running and fmt == "table":
         df = pd.DataFrame([vars(r) for r in st.running], columns=list(RunningRow.__dataclass_fields__))
         df["heartbeat_age_s"] = [("-" if a is None else f"{a:.0f}") for a in df["heartbeat_age_s"]]

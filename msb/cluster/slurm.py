@@ -192,7 +192,8 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
 
     Checks come first and write nothing: the storage (:func:`check_storage`), the ``slurm`` pairs
     (:func:`parse_slurm_args`), the study file (every run config, as ``msb run`` checks it), the ``cluster``
-    section with the pairs (:func:`resolve_cluster`), that ``sbatch`` exists. A submission is recorded in
+    section with the pairs (:func:`resolve_cluster`), that ``sbatch`` exists, that a server storage opens from
+    here (:func:`msb.study.storage.open_storage`; the compute nodes must reach it too). A submission is recorded in
     ``_study/slurm/jobs.json`` (job id, workers, storage URL without password, time). The script holds the
     storage URL: it is written with mode 0600.
 
@@ -202,8 +203,9 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
         --requeue``; run_root: overrides ``run_root``; log: status lines.
 
     Raises:
-        MSBError: any check above; ``sbatch`` refusing the job (its error line, e.g. an invalid partition; the
-            script is removed, nothing is recorded).
+        MSBError: any check above (an unreachable storage names the URL without its password); ``sbatch``
+            refusing the job (its error line, e.g. an invalid partition; the script is removed, nothing is
+            recorded).
     """
     study_path = Path(study_path).resolve()
     check_storage(storage, workers)
@@ -218,6 +220,10 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
     if not dry_run and sbatch is None:
         raise MSBError("sbatch not found on PATH: run msb submit on a Slurm login node (or --dry-run to write the "
                        "script only)")
+    if not dry_run and storage and not storage.startswith("sqlite"):  # a bad URL fails here, not in every worker
+        from msb.study.storage import close_storage, open_storage
+
+        close_storage(open_storage(storage))
     root = units[0].root.resolve()
     script, logs = slurm_dir(root) / "workers.sh", logs_dir(root)
     text = render_script(study_path, cluster, workers, storage, logs, f"msb-{units[0].spec.study}", requeue,
@@ -236,8 +242,9 @@ def submit(study_path: str | Path, storage: str | None = None, workers: int = 1,
     job_id = r.stdout.strip().split(";")[0]
     jobs_file = slurm_dir(root) / "jobs.json"
     jobs = (read_json(jobs_file) or {}).get("jobs", [])
-    jobs.append({"job_id": job_id, "workers": workers, "storage": safe_url(storage) if storage else None,
-                 "password": has_password(storage),
+    secret = has_password(storage)  # the record keeps a URL without password as it is (msb status reuses it)
+    jobs.append({"job_id": job_id, "workers": workers, "storage": safe_url(storage) if secret else storage,
+                 "password": secret,
                  "requeue": requeue, "submitted": datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds"), "script": str(script)})
     write_json(jobs_file, {"jobs": jobs})

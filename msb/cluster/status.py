@@ -20,6 +20,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
+from msb.cluster.slurm import has_password
 from msb.errors import MSBError
 from msb.study.coord import phase_study_name, trial_id
 from msb.study.manifest import read_json
@@ -186,7 +187,7 @@ def study_status(study: str | Path, storage: str | None = None, run_root: str | 
 
     root, names = study_root(study, run_root)
     url = status_storage_url(root, storage) if root.is_dir() else storage
-    out = StudyStatus(root, safe_url(url) if url else "-")
+    out = StudyStatus(root, (safe_url(url) if has_password(url) else url) if url else "-")
     specs = {n: read_json(root / "_study" / n / "spec.json") for n in names}
     for n in names:
         if (root / "_study" / n / "manifest.json").is_file():
