@@ -157,6 +157,17 @@ def test_status_counts_items_by_state(tmp_path: Path, monkeypatch):
     (r,) = st.running
     assert (r.item, r.trial, r.worker, r.owner) == (1, 1, "slurm 7_1", coord.owner_id())
     assert r.heartbeat_age_s is not None and 0 <= r.heartbeat_age_s < 30
+    # without --storage: the URL of the last msb submit when it was recorded (no password), else a clear refusal
+    from msb.cluster.status import status_storage_url
+
+    jobs = root / "_study" / "slurm" / "jobs.json"
+    jobs.parent.mkdir(parents=True)
+    jobs.write_text(json.dumps({"jobs": [{"storage": "postgresql://u@h/db", "password": False}]}))
+    assert status_storage_url(root, None) == "postgresql://u@h/db"
+    assert status_storage_url(root, "sqlite:///x.db") == "sqlite:///x.db"
+    jobs.write_text(json.dumps({"jobs": [{"storage": "postgresql://u:***@h/db", "password": True}]}))
+    with pytest.raises(MSBError, match="password not recorded"):
+        status_storage_url(root, None)
 
 
 # ---- a real Slurm ---------------------------------------------------------------------------------------------
