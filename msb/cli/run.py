@@ -1,4 +1,4 @@
-"""``msb generate`` and ``msb run``: a study's hashed run configs, and the whole pipeline (generate -> train -> evaluate -> reaggregate -> declared analyses) ending with the leaderboard."""
+"""``msb generate`` and ``msb run``: a study's hashed run configs, and the whole pipeline (generate -> train -> evaluate -> reaggregate -> declared analyses) ending with the leaderboard; ``msb submit`` / ``msb status``: the same pipeline as a Slurm job array of workers, and where it stands (:mod:`msb.cluster`)."""
 
 from __future__ import annotations
 
@@ -121,3 +121,61 @@ def run(study: Path = typer.Argument(..., help="Study YAML."),
         run_declared_analyses(load_study(study)[0], out_dir, log)
     log(disk_use_line(out_dir))
     _print_leaderboards(counts, out_dir, fmt, setting)  # the last thing msb run prints
+
+
+@app.command()
+def submit(study: Path = typer.Argument(..., help="Study YAML."),
+           storage: Optional[str] = typer.Option(None, help="Optuna RDB storage URL the workers share, e.g. "
+                                                 "postgresql://user@host/db (SQLite: one worker only)."),
+           workers: int = typer.Option(1, "--workers", help="Number of workers (Slurm array tasks)."),
+           slurm: list[str] = typer.Option([], "--slurm", help="KEY=VALUE over the cluster section (partition, "
+                                           "time, cpus_per_task, gpus_per_task, mem, sbatch, setup, ...); repeat."),
+           dry_run: bool = typer.Option(False, "--dry-run", help="Write the sbatch script, do not submit it."),
+           requeue: bool = typer.Option(False, "--requeue", help="Ask Slurm to requeue a preempted (or failed-node) "
+                                        "worker; it continues the study."),
+           run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config).")) -> None:
+    """Run a study on a Slurm cluster: a job array of 'msb run --worker' processes (docs/studies.md)."""
+    from msb.cluster.slurm import submit as submit_study
+
+    res = submit_study(study, storage, workers, slurm, dry_run, requeue, run_root, log)
+    if res.job_id is not None:
+        console.print(res.job_id, highlight=False)  # the last line: the job id alone (scripts read it)
+
+
+@app.command()
+def status(study: Path = typer.Argument(..., help="Study YAML, or the study folder runs/<study>."),
+           storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: the one of the last "
+                                                 "msb submit, else the study's SQLite file)."),
+           run_root: Optional[str] = typer.Option(None, help="Override run_root (default: from config)."),
+           format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
+    """Work items of a study by state (waiting, running with heartbeat age, done, failed) and what is left;
+    reads the optuna storage and the study folder only. csv / markdown: the work-items table on stdout, the
+    running items and the summary on stderr; json: one object."""
+    import json
+
+    import pandas as pd
+
+    from msb.cli.format import emit_frame, status_log
+    from msb.cluster.status import PhaseRow, RunningRow, study_status
+
+    fmt = resolve_format(format)
+    st = study_status(study, storage, run_root)
+    if fmt == "json":  # one object: units, phases, running items, what is left
+        console.print_json(json.dumps(st.as_dict()))
+        return
+    out = status_log(fmt)
+    out(f"study {st.root} (storage {st.storage}): " + ", ".join(f"{u} {s}" for u, s in st.units.items()))
+    cols = list(PhaseRow.__dataclass_fields__)
+    if st.phases or fmt != "table":
+        emit_frame(pd.DataFrame([vars(p) for p in st.phases], columns=cols), fmt, "work items")
+    if st.running and fmt == "table":
+        df = pd.DataFrame([vars(r) for r in st.running], columns=list(RunningRow.__dataclass_fields__))
+        df["heartbeat_age_s"] = [("-" if a is None else f"{a:.0f}") for a in df["heartbeat_age_s"]]
+        emit_frame(df, fmt, "running")
+    for r in st.running if fmt != "table" else []:  # csv / markdown: stdout holds one table
+        out(f"running: {r.unit} {r.phase} item {r.item} (trial {r.trial}) on {r.worker} {r.owner}, last heartbeat "
+            + ("none yet" if r.heartbeat_age_s is None else f"{r.heartbeat_age_s:.0f} s ago"))
+    n = sum(p.items for p in st.phases)
+    out(f"left: {st.left} of {n} work item(s) ({sum(p.running for p in st.phases)} running, "
+        f"{sum(p.waiting for p in st.phases)} waiting, {sum(p.failed for p in st.phases)} failed); units finished: "
+        f"{sum(s == 'finished' for s in st.units.values())}/{len(st.units)}")

@@ -38,6 +38,7 @@ from pydantic import Field
 from msb.config.layering import Provenance, check_keys, deep_merge, load_layer, validate_layers
 from msb.config.schema import RunConfig, StrictModel
 from msb.errors import MSBError, SizeNotDivisibleError
+from msb.config.cluster_schema import ClusterConfig
 from msb.config.study_spec import AnalysesSpec, CrossValidationSpec, FinalSpec, SearchSpec
 from msb.config.pools_schema import ContrastsSpec, PoolSpec, pool_axes
 from msb.utils.atomic import atomic_write_text
@@ -73,6 +74,8 @@ class StudySpec(StrictModel):
     # ``exclude``: an architecture without a config file, or whose model.arch is not registered in this
     # installation, gets no unit and is recorded as excluded (a cohort declared before all its models exist)
     unavailable_architectures: Literal["refuse", "exclude"] = "refuse"
+    # Slurm resources of msb submit (msb/config/cluster_schema.py), over global.yaml's and overrides' `cluster`
+    cluster: Optional[ClusterConfig] = None
 
 
 @dataclass(frozen=True)

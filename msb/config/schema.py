@@ -10,14 +10,14 @@ import types
 import typing
 from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from msb.config.metrics_schema import MetricsConfig
 from msb.config.strict import StrictModel
 from msb.config.strategy_schema import STRATEGY_DEFAULT, StrategyConfig, check_strategy
 from msb.config.analysis_schema import AnalysisConfig
 from msb.config.notifications_schema import NotificationsConfig
+from msb.config.cluster_schema import ClusterConfig
 from msb.config.pools_schema import BudgetConfig, PoolConfig
 
 __all__ = [
@@ -428,6 +428,7 @@ class RunConfig(StrictModel):
     # notifications, statistics setting: excluded from config.yaml and the hash (neither changes what a run computes)
     notifications: NotificationsConfig = Field(default_factory=NotificationsConfig, exclude=True)
     analysis: AnalysisConfig = Field(default_factory=AnalysisConfig, exclude=True)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, exclude=True)  # msb submit (Slurm); not hashed
 
     @model_validator(mode="after")
     def _test_selection_only_official(self) -> "RunConfig":
@@ -447,4 +448,3 @@ class RunConfig(StrictModel):
         if isinstance(data, dict) and not data.get("axes"):
             data.pop("axes", None)
         return data
-

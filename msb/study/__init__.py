@@ -15,6 +15,6 @@ The study-level keys of a study file (``search``, ``cross_validation``, ``final`
 - :mod:`msb.study.coord`: optuna storage, work claims, heartbeats, retries, file locks (public optuna API);
 - :mod:`msb.study.manifest`: JSON state and manifest files.
 
-Nothing outside this package imports it except the CLI: :mod:`msb.engine` trains and evaluates one run folder.
+Nothing outside this package imports it except the CLI and :mod:`msb.cluster` (``msb submit`` / ``msb status``): :mod:`msb.engine` trains and evaluates one run folder.
 See ``docs/studies.md`` and ``docs/design.md``.
 """

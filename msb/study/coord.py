@@ -51,7 +51,7 @@ from msb.study.storage import (MAX_RETRY, RetryWithoutOwner, close_storage, defa
                                retries_used)
 from msb.utils.locks import file_lock
 
-__all__ = ["default_storage_url", "open_storage", "close_storage", "get_or_create_study", "owner_id",
+__all__ = ["default_storage_url", "open_storage", "close_storage", "get_or_create_study", "owner_id", "worker_label",
            "owner_alive", "claim_next", "retry_failed", "Heartbeat", "file_lock", "items_status", "ItemsStatus",
            "phase_study_name", "trial_id", "frozen_trial", "work_loop", "MAX_RETRY", "retries_used", "reopen"]
 
@@ -119,6 +119,14 @@ def _start_time(pid: int) -> str:
 def owner_id() -> str:
     """``host:pid:start`` of this process (``start`` = /proc start time, ``?`` where unavailable)."""
     return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def worker_label() -> str:
+    """``slurm <array job>_<task>`` (or ``slurm <job>``) inside a Slurm job, from its environment; else ``""``."""
+    array, task, job = (os.environ.get(k) for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_ID"))
+    if array and task:
+        return f"slurm {array}_{task}"
+    return f"slurm {job}" if job else ""
 
 
 def owner_alive(owner: str | None) -> bool | None:
@@ -216,6 +224,7 @@ def claim_next(study: optuna.Study, storage: optuna.storages.RDBStorage, exclusi
             study.tell(trial, state=TrialState.FAIL)
             return None
         trial.set_user_attr("owner", owner_id())
+        trial.set_user_attr("worker", worker_label())  # msb status shows it; "" outside Slurm
         if reseed is not None:  # parameters are drawn at suggest time, after this: the draw depends on n only
             reseed(trial.number)
     except BaseException:

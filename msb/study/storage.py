@@ -50,7 +50,7 @@ def _with_driver(url: str) -> str:
 
 class RetryWithoutOwner:
     """``RetryHeartbeatStaleTrialCallback(max_retry)`` whose copy does not inherit the dead process's ``owner``
-    user attribute (the copy's claimer sets its own; until then the copy must not look owned by the dead one)."""
+    and ``worker`` user attributes (the copy's claimer sets its own; until then the copy must not look owned by the dead one)."""
 
     def __init__(self, max_retry: int | None) -> None:
         with warnings.catch_warnings():  # marked experimental (not deprecated) by optuna
@@ -60,7 +60,7 @@ class RetryWithoutOwner:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial, fresh_budget: bool = False) -> None:
         t = copy.deepcopy(trial)
-        t.user_attrs = {k: v for k, v in trial.user_attrs.items() if k != "owner"}
+        t.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in ("owner", "worker")}
         if fresh_budget:  # a user's rerun: the automatic retries start counting again
             t.system_attrs = {k: v for k, v in trial.system_attrs.items() if k not in ("retry_history", "failed_trial")}
         self._callback(study, t)
