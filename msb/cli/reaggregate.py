@@ -39,7 +39,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
                                                             "Friedman, nemenyi | conover."),
                 format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-                analyses: Optional[str] = typer.Option(None, help=ANALYSES_HELP + " Needs one study folder."),
+                analyses: Optional[str] = typer.Option(None, help=ANALYSES_HELP + " Post-hoc (docs/analysis.md): "
+                                                   "rank_stability, calibration, threshold. Needs one study folder."),
                 allow_mixed_protocols: bool = typer.Option(False, "--allow-mixed-protocols",
                                                            help="Let --analyses rank rows of different split policies.")
                 ) -> None:
@@ -47,6 +48,12 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     from msb.analysis.counts.aggregate_core import DEFAULT_GROUP, POOL_FOLDS_GROUP
 
     fmt = resolve_format(format)
+    if analyses is not None:  # rank_stability, calibration, threshold: post-hoc analyses of stored artifacts
+        from msb.cli.posthoc import posthoc_analyses_cli
+
+        analyses = posthoc_analyses_cli(paths, analyses, bootstrap, seed, log)
+        if analyses is None and not compare:
+            return
     if analyses is not None and not compare:  # only the protocol analyses of one study folder
         protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed or 0, bootstrap or 0, console.print,
                               log)

@@ -53,11 +53,12 @@ def verdict_sentence(dist: RankDistribution | None, wilcoxon: pd.DataFrame | Non
         n_systems: systems in the block.
 
     Returns:
-        One sentence starting ``"Verdict: "``.
+        One sentence starting ``"Verdict: "``; ``""`` for a single system (its block says there is nothing to
+        compare).
     """
     if dist is None:
         if n_systems < 2:
-            return f"Verdict: {n_systems} system(s) on this test set, nothing to rank."
+            return ""
         return "Verdict: no rank distribution (no bootstrap replicates, or the systems share no image)."
     tab = dist.table()
     first, second = tab.iloc[0], tab.iloc[1]
