@@ -101,3 +101,16 @@ def test_verdict_names_shares_difference_and_separability():
     line = verdict_sentence(rank_distribution(al, n_boot=200, seed=0), family_tests(al, ["dice"]),
                             paired_differences_table(al, ("image-macro",), "dice", 200, 0.95, 0), 2)
     assert "not separable" in line
+
+
+def test_pipelined_replicates_equal_serial(monkeypatch):
+    import msb.analysis.stats.rank_boot as rb
+
+    frames = {f"s{k}": _counts(50, 20 + k, f"s{k}", 0.5, 2) for k in range(3)}
+    aligned = align_tables({k: image_table(v) for k, v in frames.items()})
+    serial = rb.rank_replicates(aligned, n_boot=120, seed=2)
+    monkeypatch.setattr(rb, "_PIPELINE_DRAWS", 0)
+    monkeypatch.setattr(rb, "_RANK_ELEMENTS", 100)  # 2-row blocks: many blocks through the worker thread
+    piped = rb.rank_replicates(aligned, n_boot=120, seed=2)  # the same draws; sums to rounding (block sizes)
+    np.testing.assert_allclose(piped, serial, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(rank_rows(piped, "dice"), rank_rows(serial, "dice"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from msb.config.layering import load_yaml
@@ -30,6 +31,7 @@ def _store_selection_maps(run_dir):
                         external=ext)
 
 
+@pytest.mark.slow
 def test_threshold_role_counts_equal_hand_rethresholding(tmp_path, make_project, msb_cli):
     study = make_project(tmp_path, {"study": "thr", "architectures": ["unet_tiny", "unet_tiny"],
                                     "overrides": {"evaluation": {"compute_metrics": False}}})

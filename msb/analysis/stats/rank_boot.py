@@ -23,7 +23,10 @@ replicate value ranks last.
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +34,8 @@ import pandas as pd
 
 from msb.analysis.counts.count_scores import ALL_METRICS
 from msb.analysis.counts.rules import ImageTable, lower_is_better, rule_values, score
-from msb.analysis.stats.bootstrap import DEFAULT_LEVEL, _check_args, _draw_blocks, _strata_of, _weights_of
+from msb.analysis.stats.bootstrap import (_PIPELINE_DEPTH, _PIPELINE_DRAWS, DEFAULT_LEVEL, _check_args, _draw_blocks, _strata_of, _weights_of,
+                                          resample_indices)
 from msb.errors import MSBError
 
 __all__ = ["RankDistribution", "rank_rows", "kendall_tau_b", "rank_replicates", "rank_distribution"]
@@ -131,15 +135,21 @@ def kendall_tau_b(ref: np.ndarray, ranks: np.ndarray) -> np.ndarray:
     return out
 
 
-def _stack_image_macro(tables: list[ImageTable], metric: str) -> tuple[np.ndarray, int]:
-    """``(n, 2 k C)`` matrix ``[s0_1 | d_1 | s0_2 | d_2 | ...]`` (per-image scores with 0 where undefined, and
-    the defined indicators) of the image-macro rule, and ``C``."""
-    parts = []
-    for t in tables:
-        s = score(metric, t.tp, t.fp, t.fn) if metric in ALL_METRICS else t.extra[metric]
-        d = ~np.isnan(s)
-        parts += [np.where(d, s, 0.0), d.astype(np.float64)]
-    return np.concatenate(parts, axis=1), tables[0].tp.shape[1]
+def _stack_image_macro(tables: list[ImageTable], metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The image-macro terms of all systems: ``S0`` ``(n, k C)`` per-image scores with 0 where undefined,
+    ``U`` the positions of the images undefined for some system or class, and ``1 - d`` at those images
+    ``(|U|, k C)`` (so that ``Σ_i w_i d_i = Σ_i w_i - W[:, U] @ (1 - d)[U]``: a small product, undefined
+    images being few)."""
+    s = np.concatenate([score(metric, t.tp, t.fp, t.fn) if metric in ALL_METRICS else t.extra[metric]
+                        for t in tables], axis=1)
+    d = ~np.isnan(s)
+    u = np.flatnonzero(~d.all(axis=1))
+    return np.where(d, s, 0.0), u, (~d[u]).astype(np.float64)
+
+
+#: Weights per block of the rank replicates (smaller than the bootstrap's: the product with ``k`` systems'
+#: columns is faster on blocks of a few rows, measured in scripts/bench_analysis.py).
+_RANK_ELEMENTS = 40_000
 
 
 def rank_replicates(tables: Mapping[str, ImageTable], rule: str = "image-macro", metric: str = "dice",
@@ -163,28 +173,60 @@ def rank_replicates(tables: Mapping[str, ImageTable], rule: str = "image-macro",
     if any(t.n_images != n for t in ts):
         raise MSBError("rank distribution: tables must be aligned on the same images (use align_tables)")
     strata = _strata_of(ts[0], stratify_by_fold)
-    out = np.empty((n_boot, len(ts)))
+    k = len(ts)
+    out = np.empty((n_boot, k))
     stacked = _stack_image_macro(ts, metric) if rule == "image-macro" else None
-    done = 0
-    for idx in _draw_blocks(n, n_boot, seed, strata):
+    rows = max(1, _RANK_ELEMENTS // max(n, 1))
+    blocks = (resample_indices(n, n_boot, seed, None, chunk=rows) if strata is None
+              else (b[a:a + rows] for b in _draw_blocks(n, n_boot, seed, strata) for a in range(0, b.shape[0], rows)))
+    if stacked is not None:
+        s0, u, nd = stacked
+        num = np.empty((n_boot, s0.shape[1]))
+        lost = np.zeros((n_boot, s0.shape[1]))  # Σ_i w_i (1 - d_i): weight of the undefined images
+
+    def score_block(at: int, idx: np.ndarray) -> None:
         for w in _weights_of(idx):
             b = w.shape[0]
-            if stacked is not None:
-                m, c = stacked
-                sums = (w @ m).reshape(b, len(ts), 2, c)
-                num, den = sums[:, :, 0], sums[:, :, 1]
-                per = np.full(num.shape, np.nan)
-                np.divide(num, den, out=per, where=den > 0)
-                cnt = np.isfinite(per).sum(axis=2)
-                tot = np.nansum(per, axis=2)
-                vals = np.full((b, len(ts)), np.nan)
-                np.divide(tot, cnt, out=vals, where=cnt > 0)
-                out[done:done + b] = vals
+            if stacked is not None:  # products only; the ratios are taken once for all replicates below
+                num[at:at + b] = w @ s0
+                if u.size:
+                    lost[at:at + b] = w[:, u] @ nd
             else:
-                for k, t in enumerate(ts):
-                    out[done:done + b, k] = rule_values(t, rule, metric, w)
-            done += b
+                for j, t in enumerate(ts):
+                    out[at:at + b, j] = rule_values(t, rule, metric, w)
+            at += b
+
+    _pipeline(blocks, score_block, n * n_boot)
+    if stacked is not None:
+        den = (n - lost).reshape(n_boot, k, -1)
+        per = np.full(den.shape, np.nan)
+        np.divide(num.reshape(n_boot, k, -1), den, out=per, where=den > 0)
+        cnt = np.isfinite(per).sum(axis=2)
+        out[:] = np.nan
+        np.divide(np.where(np.isfinite(per), per, 0.0).sum(axis=2), cnt, out=out, where=cnt > 0)
     return out
+
+
+def _pipeline(blocks, score_block, n_draws: int) -> None:
+    """``score_block(first_row, idx)`` on every block of draws, in order; as the bootstrap's replicates
+    (:func:`msb.analysis.stats.bootstrap._replicates`), with enough draws and two CPUs the blocks are scored in one
+    worker thread while the main thread draws the next ones (the same values, each block writes its own rows)."""
+    if n_draws < _PIPELINE_DRAWS or (os.cpu_count() or 1) < 2:
+        done = 0
+        for idx in blocks:
+            score_block(done, idx)
+            done += idx.shape[0]
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending: deque = deque()
+        done = 0
+        for idx in blocks:
+            while len(pending) >= 4 * _PIPELINE_DEPTH:
+                pending.popleft().result()
+            pending.append(pool.submit(score_block, done, idx))
+            done += idx.shape[0]
+        while pending:
+            pending.popleft().result()
 
 
 def rank_distribution(tables: Mapping[str, ImageTable], rule: str = "image-macro", metric: str = "dice",
