@@ -29,17 +29,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from msb.analysis.report.posthoc_io import THRESHOLD_SUFFIX, write_table
 from msb.config.analysis_schema import AnalysisConfig
 from msb.errors import MSBError
 from msb.utils.atomic import atomic_write_text
 from msb.utils.progress import Logger, no_log
 
-__all__ = ["POSTHOC_ANALYSES", "THRESHOLD_SUFFIX", "split_analysis_names", "write_table", "write_posthoc_analyses"]
+__all__ = ["POSTHOC_ANALYSES", "split_analysis_names", "write_posthoc_analyses"]
 
 #: The post-hoc analysis names (the protocol analyses' names are those of :mod:`msb.analysis.protocol`).
 POSTHOC_ANALYSES: tuple[str, ...] = ("rank_stability", "calibration", "threshold")
-#: Suffix of the checkpoint role of a threshold-analysis evaluation (``best`` -> ``best-threshold``).
-THRESHOLD_SUFFIX = "-threshold"
 
 
 def split_analysis_names(text: str | Sequence[str] | None) -> tuple[list[str], str | list[str] | None]:
@@ -54,24 +53,6 @@ def split_analysis_names(text: str | Sequence[str] | None) -> tuple[list[str], s
     rest = [t for t in items if t not in POSTHOC_ANALYSES]
     back: str | list[str] | None = (",".join(rest) if isinstance(text, str) else rest) if rest else None
     return list(dict.fromkeys(mine)), back
-
-
-def write_table(df: pd.DataFrame, folder: Path, name: str, digits: int = 4) -> list[Path]:
-    """``folder/<name>.csv`` (full precision), ``.tex`` and ``.md`` (floats to ``digits`` decimals)."""
-    from msb.analysis.report.tables import frame_to_markdown
-
-    folder.mkdir(parents=True, exist_ok=True)
-    shown = df.copy()
-    for c in shown.columns:
-        if shown[c].dtype.kind == "f":
-            shown[c] = [("n/a" if not np.isfinite(v) else f"{v:.{digits}f}") for v in shown[c]]
-    paths = [folder / f"{name}.csv", folder / f"{name}.tex", folder / f"{name}.md"]
-    atomic_write_text(paths[0], df.to_csv(index=False))
-    esc = shown.astype(str).apply(lambda col: col.str.replace("_", r"\_", regex=False).str.replace("%", r"\%"))
-    esc.columns = [str(c).replace("_", r"\_") for c in esc.columns]
-    atomic_write_text(paths[1], esc.to_latex(index=False))
-    atomic_write_text(paths[2], frame_to_markdown(shown, index=False))
-    return paths
 
 
 def _figure(fig, folder: Path, name: str) -> list[Path]:

@@ -69,7 +69,7 @@ def threshold_analysis(study_dir: Path, out: Path, skipped: dict, metric: str = 
         MSBError: an unknown ``metric``; damaged prediction files.
     """
     from msb.analysis.counts.counts_io import read_counts
-    from msb.analysis.report.posthoc_run import THRESHOLD_SUFFIX, write_table
+    from msb.analysis.report.posthoc_io import THRESHOLD_SUFFIX, write_table
     from msb.analysis.stats.threshold import DEFAULT_GRID, choose_threshold, counts_at, image_macro
     from msb.config.layering import load_yaml
     from msb.errors import MSBError

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pandas as pd
 
 from msb.analysis.counts.rules import image_table, rule_values
