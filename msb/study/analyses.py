@@ -46,7 +46,7 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
     from msb.analysis.report.posthoc_run import split_analysis_names
 
     posthoc, rest = split_analysis_names(a.names)  # rank_stability, calibration, threshold (docs/analysis.md)
-    names = parse_analyses(rest) if rest is not None else []  # an unknown name fails before the (slow) profiling
+    names = parse_analyses(rest) if rest is not None or not posthoc else []  # an unknown name fails before the (slow) profiling
     written: list[Path] = []
     if a.profile is not None:
         prof = study_dir / "profile" / f"profile_{a.profile.device}.parquet"

@@ -141,3 +141,14 @@ def test_seed_stability_matches_hand_ranking():
         ahead = sum(vals[(r.system_a, k)] > vals[(r.system_b, k)] for k in range(3))
         assert (r.a_ahead, r.changes_order) == (ahead, 0 < ahead < 3)
     assert len(rankings) == 9
+
+
+def test_analysis_names_split_between_posthoc_and_protocol():
+    from msb.analysis.report.posthoc_run import split_analysis_names
+    from msb.errors import MSBError
+
+    assert split_analysis_names("rank_stability,p1,calibration") == (["rank_stability", "calibration"], "p1")
+    assert split_analysis_names(["threshold"]) == (["threshold"], None)
+    assert split_analysis_names("all") == ([], "all")  # `all` keeps meaning every protocol analysis
+    with pytest.raises(MSBError, match="unknown post-hoc analysis"):
+        write_posthoc_analyses(Path("."), ["calibrate"])

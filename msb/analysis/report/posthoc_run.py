@@ -42,13 +42,12 @@ POSTHOC_ANALYSES: tuple[str, ...] = ("rank_stability", "calibration", "threshold
 
 
 def split_analysis_names(text: str | Sequence[str] | None) -> tuple[list[str], str | list[str] | None]:
-    """``(post-hoc names, the rest)`` of an ``--analyses`` value or an ``analyses.names`` list; ``all`` (or None)
-    selects every post-hoc analysis and leaves ``all`` for the protocol analyses; the rest is None when empty."""
+    """``(post-hoc names, the rest)`` of an ``--analyses`` value or an ``analyses.names`` list. The post-hoc
+    analyses run only when named (``all`` / None keep their meaning: every *protocol* analysis, as before); the
+    rest is None when empty."""
     if text is None:
-        return list(POSTHOC_ANALYSES), None
-    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if str(t).strip()]
-    if items in (["all"], []):
-        return list(POSTHOC_ANALYSES), "all"
+        return [], None
+    items = [str(t).strip() for t in (text.split(",") if isinstance(text, str) else text) if str(t).strip()]
     mine = [t for t in items if t in POSTHOC_ANALYSES]
     rest = [t for t in items if t not in POSTHOC_ANALYSES]
     back: str | list[str] | None = (",".join(rest) if isinstance(text, str) else rest) if rest else None

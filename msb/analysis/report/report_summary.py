@@ -63,7 +63,8 @@ def write_summary(doc: ReportDoc, runs: Sequence[RunInfo], counts: pd.DataFrame,
         doc.frame(protocol, name="protocol" if i == 0 else None, html_id=f"protocol{sfx}")
         doc.next_column()
         doc.frame(leaderboard(b.scores, b.boundary, unit), name=f"leaderboard{sfx}", html_id=f"leaderboard{sfx}",
-                  caption=f"Leaderboard {key[0]}/{key[1]} (best first; rank by image-macro Dice)")
+                  caption=f"Leaderboard {key[0]}/{key[1]} (best first; rank by image-macro Dice, higher is "
+                  f"better; HD95 in {unit}, lower is better)")
         for line in significance_sentences(tests.get(key), len(b.systems), identical.get(key, ())):
             doc.text(line)
         doc.end_columns()
