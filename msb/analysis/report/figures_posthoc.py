@@ -52,8 +52,8 @@ def blob_plot(dist: RankDistribution, title: str = "") -> Figure:
     ax.set_xlim(-0.6, k - 0.4)
     ax.set_ylabel("rank (1 = best)")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(title or f"Bootstrap ranks ({dist.n_boot:,} replicates, {dist.rule} {dist.metric}); "
-                 f"area = share", fontsize=9)
+    ax.set_title(title or f"Bootstrap ranks ({dist.n_boot:,} replicates,\n{dist.rule} {dist.metric}); "
+                 f"area = share", fontsize=8, wrap=True)
     return fig
 
 
@@ -74,6 +74,9 @@ def reliability_diagram(curves: Mapping[str, pd.DataFrame], title: str = "") -> 
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     ax2.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+
+    ax2.yaxis.set_minor_formatter(NullFormatter())
     ax2.set_xlabel("predicted foreground probability")
     ax2.set_ylabel("pixel share")
     ax.set_title(title or "Reliability diagram (pixels)", fontsize=9)

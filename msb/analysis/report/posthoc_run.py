@@ -80,7 +80,7 @@ def _rank_stability(counts: pd.DataFrame, st: AnalysisConfig, out: Path, skipped
         if dist is None:
             continue
         tabs.append(dist.table().assign(dataset=key[0], split=key[1]))
-        written += _figure(blob_plot(dist, f"{key[0]}/{key[1]}: bootstrap ranks ({dist.n_boot:,} replicates, "
+        written += _figure(blob_plot(dist, f"{key[0]}/{key[1]}: bootstrap ranks\n({dist.n_boot:,} replicates, "
                                            f"image-macro Dice)"), out, f"rank_stability_blob{_sfx(key, len(blocks))}")
     if tabs:
         written += write_table(pd.concat(tabs, ignore_index=True), out, "rank_stability_bootstrap")
