@@ -23,9 +23,11 @@ Rows (one run, repeats interleaved, median / min / max printed, ratio ours / bes
    each subprocess (``ru_maxrss``) is printed. Value check: every score equal (``|diff| <= 1e-12``).
    ``--rows-10m`` also measures ours at 10,000,000 rows (time and peak memory, no competitor).
 
-Usage: ``python scripts/bench_analysis.py [--quick] [--repeats R] [--only bootstrap|reaggregate] [--rows-10m]
-[--json OUT]``. ``--quick`` = 2,000 images,
-200 replicates, 100,000 rows, 1 repeat (CI smoke test). Exit status 1 when a value check fails.
+4., 5. **rank distributions** and **calibration of stored maps** (post-hoc analyses): ``scripts/bench_posthoc.py``.
+
+Usage: ``python scripts/bench_analysis.py [--quick] [--repeats R] [--only bootstrap|reaggregate|ranks|calibration]
+[--rows-10m] [--json OUT]``. ``--quick`` = 2,000 images,
+200 replicates, 100,000 rows, 50 maps, 1 repeat (CI smoke test). Exit status 1 when a value check fails.
 """
 
 from __future__ import annotations
@@ -220,14 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rows-10m", action="store_true", help="also time ours on 10M rows")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("bootstrap", "reaggregate"), default=None, help="run one part only")
+    ap.add_argument("--only", choices=("bootstrap", "reaggregate", "ranks", "calibration"), default=None,
+                    help="run one part only")
+    ap.add_argument("--systems", type=int, default=20, help="systems of the rank-distribution row")
+    ap.add_argument("--maps", type=int, default=1_000, help="stored 352x352 maps of the calibration row")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
     if args.quick:
-        args.images, args.replicates, args.rows, args.repeats = 2_000, 200, 100_000, 1
+        args.images, args.replicates, args.rows, args.repeats, args.maps = 2_000, 200, 100_000, 1, 50
     print(f"bench_analysis: {os.cpu_count()} CPU(s), numpy {np.__version__}, pandas {pd.__version__}; "
           f"{args.repeats} interleaved repeat(s) per side")
     rows = []
+    if args.only in ("ranks", "calibration"):
+        return _finish(_posthoc_rows(args), args.json)
     if args.only != "reaggregate":
         bootstrap_rule(image_table(synthetic_counts(100)), "image-macro", "dice", n_boot=10)  # warm-up
         rows = bench_bootstrap(args.images, args.replicates, args.repeats)
@@ -239,7 +246,24 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_reaggregate(args.rows, max(1, min(args.repeats, 5)), Path(tmp), args.rows_10m)
         print_row(r)
         rows.append(r)
+    rows += _posthoc_rows(args)
     return _finish(rows, args.json)
+
+
+def _posthoc_rows(args) -> list[Row]:
+    """Rows 4 and 5 (``--only`` ranks / calibration picks one): ``scripts/bench_posthoc.py``."""
+    from bench_posthoc import bench_calibration, bench_ranks
+
+    rows = []
+    if args.only in (None, "ranks"):
+        rows.append(bench_ranks(args.systems, args.images, args.replicates, max(1, min(args.repeats, 3)),
+                                synthetic_counts))
+        print_row(rows[-1])
+    if args.only in (None, "calibration"):
+        with tempfile.TemporaryDirectory(prefix="msb_bench_cal_") as tmp:
+            rows.append(bench_calibration(args.maps, 352, max(1, min(args.repeats, 3)), Path(tmp)))
+        print_row(rows[-1])
+    return rows
 
 
 def _finish(rows: list[Row], out: Path | None) -> int:

@@ -156,6 +156,8 @@ def print_leaderboards(counts, out_dir: Path, fmt: str = "table", setting=None) 
         for row in lb.table.itertuples(index=False):
             t.add_row(*(str(v) for v in row))
         emit_frame(lb.table, fmt, title, t)
+        if lb.verdict:
+            log(lb.verdict)
         for line in lb.lines:
             log(line)
         log(f"statistics setting: {setting.describe(lb.n_tests if lb.n_tests else None)}")

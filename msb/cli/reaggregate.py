@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import List, Optional
 
@@ -39,7 +40,8 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
                 posthoc: str = typer.Option("nemenyi", help="With --compare, >= 3 systems: post-hoc test after "
                                                             "Friedman, nemenyi | conover."),
                 format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-                analyses: Optional[str] = typer.Option(None, help=ANALYSES_HELP + " Needs one study folder."),
+                analyses: Optional[str] = typer.Option(None, help=ANALYSES_HELP + " Post-hoc (docs/analysis.md): "
+                                                   "rank_stability, calibration, threshold. Needs one study folder."),
                 allow_mixed_protocols: bool = typer.Option(False, "--allow-mixed-protocols",
                                                            help="Let --analyses rank rows of different split policies.")
                 ) -> None:
@@ -47,6 +49,10 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     from msb.analysis.counts.aggregate_core import DEFAULT_GROUP, POOL_FOLDS_GROUP
 
     fmt = resolve_format(format)
+    if analyses is not None:  # rank_stability, calibration, threshold: post-hoc analyses of stored artifacts
+        analyses = _posthoc_analyses(paths, analyses, bootstrap, seed, log)
+        if analyses is None and not compare:
+            return
     if analyses is not None and not compare:  # only the protocol analyses of one study folder
         protocol_analyses_cli(paths, analyses, out, allow_mixed_protocols, seed or 0, bootstrap or 0, console.print,
                               log)
@@ -97,3 +103,26 @@ def reaggregate(paths: List[Path] = typer.Argument(..., help="counts.parquet fil
     if out is not None:
         written = write_scores(table, out)
         log(f"written: {', '.join(str(p) for p in written)}")
+
+
+def _posthoc_analyses(paths: Sequence[Path], analyses: str, bootstrap: Optional[int], seed: Optional[int],
+                      log: Callable[[str], None]) -> Optional[str]:
+    """Run the post-hoc names of ``analyses`` on the one study folder in ``paths`` under the study's statistics
+    setting (``--bootstrap`` / ``--seed`` override it for this command); return the other names (None if none).
+
+    Raises:
+        MSBError: not exactly one study folder; as :func:`~msb.analysis.report.posthoc_run.write_posthoc_analyses`.
+    """
+    from msb.analysis.report.posthoc_run import split_analysis_names, write_posthoc_analyses
+    from msb.analysis.stats.setting import find_setting, with_overrides
+    from msb.errors import MSBError
+
+    mine, rest = split_analysis_names(analyses)
+    if not mine:
+        return rest
+    folders = [Path(p) for p in paths if Path(p).is_dir()]
+    if len(folders) != 1 or len(paths) != 1:
+        raise MSBError(f"--analyses needs one study folder (runs/<study>), got {[str(p) for p in paths]}")
+    setting = with_overrides(find_setting(folders)[0], bootstrap, seed)
+    write_posthoc_analyses(folders[0], mine, setting, log=log)
+    return rest

@@ -43,7 +43,10 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
         return []
     from msb.analysis.protocol import parse_analyses, write_protocol_analyses
 
-    names = parse_analyses(a.names)  # an unknown name fails before the (slow) profiling
+    from msb.analysis.report.posthoc_run import split_analysis_names
+
+    posthoc, rest = split_analysis_names(a.names)  # rank_stability, calibration, threshold (docs/analysis.md)
+    names = parse_analyses(rest) if rest is not None or not posthoc else []  # an unknown name fails before the (slow) profiling
     written: list[Path] = []
     if a.profile is not None:
         prof = study_dir / "profile" / f"profile_{a.profile.device}.parquet"
@@ -62,6 +65,12 @@ def run_declared_analyses(spec: StudySpec, study_dir: Path, log: Logger = no_log
                 f"{p.batch_size}, {a.profile.device}")
             res = run_profile(a.profile.device, (), study_dir, (), (p,), log=log)
             written += list(res.paths)
+    if posthoc:
+        from msb.analysis.report.posthoc_run import write_posthoc_analyses
+
+        written += write_posthoc_analyses(study_dir, posthoc, log=log)
+    if not names:
+        return written
     opts = {"allow_mixed_protocols": a.allow_mixed_protocols, "seed": a.seed, "level": a.level,
             "n_boot": a.n_boot, "n_boot_resolution": a.n_boot, "efficiency_num_classes": a.efficiency_num_classes}
     out = write_protocol_analyses(study_dir, names, None, refusals_as_skips=True, **opts)

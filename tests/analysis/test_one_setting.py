@@ -107,6 +107,13 @@ def test_console_compare_and_report_agree_and_follow_the_setting(tmp_path: Path)
     first = cdice.sort_values("p_adjusted").iloc[0]
     assert f"BH-adjusted p = {first.p_adjusted:.2g}" in text or f"{first.p_adjusted:.3g}" in text, text
     assert "300 percentile bootstrap replicates, level 0.95, seed 4; BH" in rep_out
+    # the verdict and the rank distribution: the same sentence and numbers under the console leaderboard and in
+    # the report (same replicates, level and seed)
+    md = (tmp_path / "rep-a" / "report.md").read_text(encoding="utf-8")
+    assert board.verdict.startswith("Verdict: ") and f"of 300 image bootstrap replicates" in board.verdict
+    assert board.verdict in md
+    ranks = pd.read_csv(tmp_path / "rep-a" / "data" / "rank_stability_bootstrap.csv")
+    pd.testing.assert_series_equal(ranks["rank1_share"], board.ranks["rank1_share"], check_exact=True)
 
     # another setting: all three change together
     write_setting(study, AnalysisConfig(bootstrap=200, seed=9))

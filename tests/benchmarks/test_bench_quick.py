@@ -39,6 +39,7 @@ def test_bench_analysis_quick(tmp_path: Path) -> None:
     works = [r["work"] for r in rows]
     assert any("global-micro" in w for w in works) and any("image-macro" in w for w in works)
     assert any(w.startswith("reaggregate") for w in works)
+    assert any(w.startswith("rank distributions") for w in works) and any(w.startswith("calibration") for w in works)
     boot = [r for r in rows if r["work"].startswith("bootstrap")]
     assert all({"plain NumPy loop", "scipy.stats.bootstrap"} <= set(r["sides"]) for r in boot)
 

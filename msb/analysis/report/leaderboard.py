@@ -18,6 +18,7 @@ from msb.analysis.stats.compare import family_tests, paired_differences_table
 from msb.analysis.counts.identical import drop_identical
 from msb.analysis.report.report_data import analyse_blocks
 from msb.analysis.report.summary import BlockTests, leaderboard, significance_sentences
+from msb.analysis.report.verdict import block_ranks, verdict_sentence
 from msb.analysis.counts.systems import comparison_blocks, find_systems
 from msb.config.analysis_schema import AnalysisConfig
 
@@ -26,13 +27,16 @@ __all__ = ["Leaderboard", "study_leaderboards"]
 @dataclass(frozen=True)
 class Leaderboard:
     """One test set's leaderboard: ``dataset``, ``split``, ``table`` (:func:`msb.analysis.report.summary.leaderboard`
-    columns, text cells), ``lines`` (paired-test sentences)."""
+    columns, text cells), ``lines`` (paired-test sentences), ``verdict`` (:mod:`msb.analysis.report.verdict`),
+    ``ranks`` (the bootstrap rank table, :meth:`RankDistribution.table`, or None)."""
 
     dataset: str
     split: str
     table: pd.DataFrame
     lines: tuple[str, ...]
     n_tests: int = 0
+    verdict: str = ""
+    ranks: pd.DataFrame | None = None
 
 
 def study_leaderboards(counts: pd.DataFrame, setting: AnalysisConfig | None = None) -> list[Leaderboard]:
@@ -63,6 +67,9 @@ def study_leaderboards(counts: pd.DataFrame, setting: AnalysisConfig | None = No
                                paired_differences_table(b.aligned, ("image-macro",), "dice", n_boot, level, seed))
             n_tests = int(tests.wilcoxon["p_value"].notna().sum()) if len(tests.wilcoxon) else 0
         lines = significance_sentences(tests, len(b.systems), identical.get(key, ()))
+        dist = block_ranks(b.aligned, n_boot, level, seed)
+        verdict = verdict_sentence(dist, tests.wilcoxon if tests else None, tests.differences if tests else None,
+                                   len(b.systems))
         out.append(Leaderboard(key[0], key[1], leaderboard(b.scores, b.boundary, "px"), tuple(lines + notes),
-                               n_tests))
+                               n_tests, verdict, dist.table() if dist is not None else None))
     return out

@@ -440,7 +440,7 @@ def _write(doc: ReportDoc, study_dir: Path, runs: dict[str, RunInfo], eval_dirs:
     items = reporting_checklist(list(runs.values()), counts, scores_all, metrics_df, n_tests, n_systems_max,
                                 n_boot, zero_pairs)
     write_summary(doc, list(runs.values()), counts, eval_dirs, block_data, tests, identical, metrics_df, n_boot,
-                  level)
+                  level, seed)
     write_checklist(doc, items)
     doc.move_first("summary", "checklist")
     atomic_write_text(doc.out / "data" / "checklist.csv", pd.DataFrame(
