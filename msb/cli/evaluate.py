@@ -41,6 +41,10 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
              split: Optional[str] = typer.Option(None, help="With --external: 'all' (default) or a split of its "
                                                  "index.csv."),
              run_root: Optional[str] = typer.Option(None, help="With a study YAML: override run_root."),
+             selection: bool = typer.Option(False, "--selection", help="Evaluate on the run's "
+                                            "checkpoint.selection_split instead, probabilities kept, into "
+                                            "evaluation/selection/<role>/ (the threshold analysis's maps; in no "
+                                            "leaderboard)."),
              format: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP)) -> None:
     """Reload a checkpoint (SHA-256 verified), predict the test split, write counts and predictions."""
     from msb.analysis.counts.aggregate import reaggregate
@@ -52,7 +56,14 @@ def evaluate(run_dir: Path = typer.Argument(..., help="Run folder runs/<study>/<
     roles = ["best", "latest"] if checkpoint == "both" else [checkpoint]
     fmt = resolve_format(format)
     log, track = status_log(fmt), status_track(fmt)  # stdout carries the scores table only unless fmt is table
-    if external is not None:
+    if selection and (external is not None or class_map or split):
+        raise MSBError("--selection evaluates the run's own selection split; drop --external/--class-map/--split")
+    if selection:
+        from msb.study.selection_eval import evaluate_selection
+
+        with _study_of_run_locked(run_dir, log):
+            paths = evaluate_selection(run_dir, roles, track=track, log=log, force=force)
+    elif external is not None:
         from msb.study.external_eval import evaluate_external_cli
 
         paths = evaluate_external_cli(run_dir, external, class_map or [], split, roles, run_root, track, log, force)

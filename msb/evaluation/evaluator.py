@@ -158,13 +158,16 @@ def write_prediction_semantics(out_dir: Path, cfg: RunConfig, model: torch.nn.Mo
 
 def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role: str, run_id: str,
                         config_hash: str, split: str | None = None, track: Tracker = no_track,
-                        fold: int = -1, *, external: ExternalTarget | None = None) -> EvaluationResult:
+                        fold: int = -1, *, external: ExternalTarget | None = None, out_dir: Path | None = None,
+                        command: str | None = None) -> EvaluationResult:
     """Evaluate checkpoint ``role`` of ``run_dir`` on ``split`` (default ``cfg.evaluation.split``).
 
     With ``external``, the samples ``external.sample_ids`` of ``external.dataset`` are evaluated instead (same
     preprocessing, threshold and test-time rule as the run; no retraining, no threshold tuning), the reference
     masks are mapped onto the model's classes (``ds``, the training dataset) with ``external.class_map``, and
-    the outputs go to ``external.out_dir``.
+    the outputs go to ``external.out_dir``. Without it, ``out_dir`` (default ``run_dir/evaluation/<role>``) is the
+    folder written and ``command`` (default ``msb evaluate RUN --checkpoint ROLE --force``) the regenerate command
+    sealed into it (e.g. the selection-split evaluation of :mod:`msb.study.selection_eval`).
 
     The folder is written into a staging folder and swapped in only when complete (module docstring); on
     any error the staging folder is deleted and the previous evaluation is left as it was.
@@ -197,12 +200,12 @@ def evaluate_checkpoint(run_dir: Path, cfg: RunConfig, ds: PreparedDataset, role
     data = SegmentationDataset(cache, ids, cfg.data.normalize_mean, cfg.data.normalize_std)
     loader = torch.utils.data.DataLoader(data, batch_size=cfg.train.batch_size, shuffle=False,
                                          num_workers=cfg.data.num_workers)
-    out_dir = external.out_dir if external is not None else run_dir / "evaluation" / role
+    out_dir = external.out_dir if external is not None else Path(out_dir or run_dir / "evaluation" / role)
     stage: Path | None = None
     try:
         stage = staging_dir(out_dir)  # the old evaluation in out_dir stays untouched until the swap
         n = _evaluate_into(stage, run_dir, cfg, ds, role, run_id, config_hash, split, track, fold, external, ids,
-                           classes, nets, device, amp_dtype, loader, rec.sha256)
+                           classes, nets, device, amp_dtype, loader, rec.sha256, command)
         fault_point("evaluate.staged")
         replace_dir(stage, out_dir)
     except OSError as exc:
@@ -239,7 +242,7 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                    config_hash: str, split: str, track: Tracker, fold: int, external: ExternalTarget | None,
                    ids: list[str], classes: list, nets: list[torch.nn.Module], device: torch.device,
                    amp_dtype: torch.dtype | None,
-                   loader: torch.utils.data.DataLoader, checkpoint_sha256: str) -> int:
+                   loader: torch.utils.data.DataLoader, checkpoint_sha256: str, command: str | None = None) -> int:
     """Write the complete evaluation (predictions, counts, semantics, metrics, digests) into the empty staging
     folder ``out_dir``; return the number of images. ``nets``: the network, or the two of the run's
     ``evaluation.two_prediction`` rule (their probabilities averaged)."""
@@ -324,7 +327,8 @@ def _evaluate_into(out_dir: Path, run_dir: Path, cfg: RunConfig, ds: PreparedDat
                         sources=[str(source_of.get(s, "") or "") for s in done_ids])
     finish_evaluation_folder(out_dir, [frame], lambda d: write_prediction_semantics(d, cfg, model),
                              cfg.evaluation.metrics if cfg.evaluation.compute_metrics else None,
-                             evaluate_command(run_dir, role, external.name if external is not None else None),
+                             command or evaluate_command(run_dir, role,
+                                                         external.name if external is not None else None),
                              metric_rows)
     return len(ids)
 

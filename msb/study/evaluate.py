@@ -2,7 +2,8 @@
 
 Reads: the run folder (``config.yaml``, checkpoints), the prepared datasets. Writes (through
 :mod:`msb.engine.runner` and :mod:`msb.study.external`): ``evaluation/<role>/`` and
-``evaluation/external/<name>/<role>/`` (counts, predictions, metrics, ``DONE``).
+``evaluation/external/<name>/<role>/`` (counts, predictions, metrics, ``DONE``), and ``evaluation/selection/<role>/``
+when the study asks for the threshold analysis.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from msb.data.schema import PreparedDataset
 from msb.engine.runner import evaluate_run
 from msb.study.external import evaluate_external
+from msb.study.selection_eval import evaluate_selection, wants_selection_maps
 from msb.study.units import StudyContext, StudyUnit
 
 __all__ = ["internal_eval_enabled", "evaluate_final", "run_manifest_extra"]
@@ -27,7 +29,9 @@ def internal_eval_enabled(u: StudyUnit) -> bool:
 
 def evaluate_final(u: StudyUnit, run_dir: Path, ds: PreparedDataset, ctx: StudyContext) -> list[Path]:
     """Evaluate the unit's checkpoint roles of ``run_dir`` on the evaluation split (unless
-    :func:`internal_eval_enabled` says no) and on every external set; finished evaluations are skipped.
+    :func:`internal_eval_enabled` says no) and on every external set; finished evaluations are skipped. When the
+    study's ``analyses:`` names ``threshold``, also on the selection split with probabilities kept
+    (:mod:`msb.study.selection_eval`; not in the returned paths).
 
     Returns:
         The counts paths written or found (internal first, then external sets in declaration order).
@@ -38,6 +42,9 @@ def evaluate_final(u: StudyUnit, run_dir: Path, ds: PreparedDataset, ctx: StudyC
     paths: list[Path] = []
     if internal_eval_enabled(u):
         paths += evaluate_run(run_dir, u.roles(), ds, ctx.track, ctx.log)
+        if wants_selection_maps(u.spec.analyses.names if u.spec.analyses else None):
+            # the threshold analysis's selection-split maps; their counts are not returned (no leaderboard)
+            evaluate_selection(run_dir, u.roles(), ds, ctx.track, ctx.log, strict=False)
     for ext in u.externals:
         paths += evaluate_external(run_dir, u.roles(), ext, ds, ctx.track, ctx.log)
     return paths

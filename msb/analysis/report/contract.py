@@ -87,9 +87,14 @@ def _visible(path: Path, root: Path, exclude: Sequence[Path]) -> bool:
 
 
 def find_counts_files(study_dir: str | Path, exclude: Sequence[Path] = ()) -> list[Path]:
-    """Every ``counts.parquet`` below ``study_dir`` (hidden folders and ``exclude`` skipped), sorted."""
+    """Every ``counts.parquet`` below ``study_dir`` (hidden folders, ``exclude`` and the selection-split evaluations
+    ``evaluation/selection/`` of the threshold analysis skipped, as
+    :func:`msb.analysis.counts.counts_files.find_counts_files`), sorted."""
+    from msb.analysis.counts.counts_files import in_selection_eval
+
     study_dir = Path(study_dir)
-    return [p for p in sorted(study_dir.rglob("counts.parquet")) if _visible(p, study_dir, exclude)]
+    return [p for p in sorted(study_dir.rglob("counts.parquet"))
+            if _visible(p, study_dir, exclude) and not in_selection_eval(p, study_dir)]
 
 
 def read_run(run_dir: str | Path) -> RunInfo:

@@ -5,8 +5,10 @@ probability maps (:mod:`msb.analysis.stats.threshold`), written as the evaluatio
 
 Where the selection-split maps come from: any evaluation folder of the run (``<run>/evaluation/**``) whose counts
 rows are the run's own dataset on its ``checkpoint.selection_split`` with the same checkpoint role, holding
-``predictions/*.npz`` with ``prob``. A run without one is skipped with the reason; the test split is never used
-to choose.
+``predictions/*.npz`` with ``prob``: ``msb run`` writes ``<run>/evaluation/selection/<role>/`` when the study file's
+``analyses:`` names ``threshold`` (:mod:`msb.study.selection_eval`; ``msb evaluate RUN --checkpoint ROLE
+--selection`` for a finished run). A run without one is skipped with that command logged, one line per run and
+role, and in ``skipped.json``; the test split is never used to choose.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def threshold_analysis(study_dir: Path, out: Path, skipped: dict, metric: str = 
     from msb.config.layering import load_yaml
     from msb.errors import MSBError
     from msb.evaluation.counts import write_counts
+    from msb.study.selection_eval import selection_command
     from msb.utils.atomic import atomic_write_text, replace_dir, staging_dir
     from msb.utils.evaluation_folder import seal_folder
 
@@ -97,8 +100,10 @@ def threshold_analysis(study_dir: Path, out: Path, skipped: dict, metric: str = 
             dataset, split = str(test["dataset"].iloc[0]), str(test["split"].iloc[0])
             sel = _selection_folder(run_dir, str(data.get("name", dataset)), sel_split, role, ev.parent)
             if sel is None:
-                reasons.append(f"{run_dir.name}/{role}: no stored probability maps on the selection split "
-                               f"'{sel_split}'")
+                why = (f"{run_dir.name}/{role}: no stored probability maps on the selection split '{sel_split}'; "
+                       f"store them with: {selection_command(run_dir, role)}")
+                log(f"threshold analysis: {why}")
+                reasons.append(why)
                 continue
             sel_rows = read_counts([sel])
             sel_ids = list(dict.fromkeys(sel_rows["image_id"].astype(str)))
