@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from msb.analysis.counts.count_scores import ALL_METRICS
 from msb.analysis.counts.rules import ImageTable, lower_is_better, rule_values, score
@@ -147,9 +148,34 @@ def _stack_image_macro(tables: list[ImageTable], metric: str) -> tuple[np.ndarra
     return np.where(d, s, 0.0), u, (~d[u]).astype(np.float64)
 
 
-#: Weights per block of the rank replicates (smaller than the bootstrap's: the product with ``k`` systems'
-#: columns is faster on blocks of a few rows, measured in scripts/bench_analysis.py).
-_RANK_ELEMENTS = 40_000
+#: Draws per block of the rank replicates: a ``(rows, n)`` float64 weight block of ~1.3 MB stays in a core's
+#: L2 cache while the product with the ``k C`` score columns reads it (measured in scripts/bench_analysis.py).
+_RANK_ELEMENTS = 160_000
+
+
+class _Counts:
+    """Resampling counts of blocks of draws into buffers allocated once (``(rows, n)`` float64 block).
+
+    A fresh ~1 MB array per block would be ``mmap``-ed and page-faulted anew each time (glibc's threshold for a
+    worker thread's arena); refilling one buffer costs no system call (measured: 3x faster in
+    scripts/bench_analysis.py). One instance per thread.
+    """
+
+    def __init__(self, rows: int, n: int) -> None:
+        self.n = n
+        self.offsets = (np.arange(rows, dtype=np.int64) * n)[:, None]
+        self.flat = np.empty((rows, n), np.int64)
+        self.weights = np.empty((rows, n))
+
+    def __call__(self, idx: np.ndarray) -> np.ndarray:
+        """``(b, n)`` float64 view: row ``r`` holds how often each image was drawn in replicate ``r`` of ``idx``
+        (``(b, n)`` draws, ``b <= rows``). Valid until the next call."""
+        b = idx.shape[0]
+        flat, w = self.flat[:b], self.weights[:b]
+        np.add(idx, self.offsets[:b], out=flat)
+        w.fill(0.0)
+        np.add.at(w.reshape(-1), flat.reshape(-1), 1.0)
+        return w
 
 
 def rank_replicates(tables: Mapping[str, ImageTable], rule: str = "image-macro", metric: str = "dice",
@@ -183,20 +209,22 @@ def rank_replicates(tables: Mapping[str, ImageTable], rule: str = "image-macro",
         s0, u, nd = stacked
         num = np.empty((n_boot, s0.shape[1]))
         lost = np.zeros((n_boot, s0.shape[1]))  # Σ_i w_i (1 - d_i): weight of the undefined images
+        counts = _Counts(rows, n)  # one scoring thread at a time (see _pipeline)
 
     def score_block(at: int, idx: np.ndarray) -> None:
-        for w in _weights_of(idx):
+        for w in ([counts(idx)] if stacked is not None else _weights_of(idx)):
             b = w.shape[0]
             if stacked is not None:  # products only; the ratios are taken once for all replicates below
-                num[at:at + b] = w @ s0
+                np.matmul(w, s0, out=num[at:at + b])
                 if u.size:
-                    lost[at:at + b] = w[:, u] @ nd
+                    np.matmul(w[:, u], nd, out=lost[at:at + b])
             else:
                 for j, t in enumerate(ts):
                     out[at:at + b, j] = rule_values(t, rule, metric, w)
             at += b
 
-    _pipeline(blocks, score_block, n * n_boot)
+    with threadpool_limits(limits=1, user_api="blas"):  # small products: BLAS threads only contend with the draws
+        _pipeline(blocks, score_block, n * n_boot)
     if stacked is not None:
         den = (n - lost).reshape(n_boot, k, -1)
         per = np.full(den.shape, np.nan)
