@@ -9,7 +9,7 @@ Rows (one run, repeats interleaved, median / min / max, ratio ours / best compet
    note when faiss-cpu is not installed). Value check: identical ``(i, j, d)`` pair lists.
 2. **hashing** (pHash + dHash of every image under ``../shared/data/*/images``, at most ``--images``): ours
    :func:`msb.audit.hashing.hash_images` (also SHA-256 and a thumbnail, one decode per image, ``--workers``
-   processes) vs a loop ``imagehash.phash(img), imagehash.dhash(img)`` over PIL images. Value check: identical
+   threads below ``PROCESS_FROM`` (500) images, worker processes from it) vs a loop ``imagehash.phash(img), imagehash.dhash(img)`` over PIL images. Value check: identical
    hashes. Skipped with a note without ``../shared/data``.
 3. **hashing, many images**: the same two sides on ``--many`` (10,000) JPEG files written to a temporary folder,
    each a 160x120 px tile cut at a random place (and scale) out of the real images of row 2 (so ten thousand
@@ -121,7 +121,7 @@ def _hash_row(work: str, files: list[Path], workers: int, repeats: int) -> Row:
     import imagehash
     from PIL import Image
 
-    from msb.audit.hashing import hash_images
+    from msb.audit.hashing import PROCESS_FROM, hash_images
 
     row = Row(work)
 
@@ -137,7 +137,9 @@ def _hash_row(work: str, files: list[Path], workers: int, repeats: int) -> Row:
     ours = [(f"{int(p):016x}", f"{int(d):016x}") for p, d in zip(table.phash, table.dhash)]
     row.equal = ours == vals["imagehash loop"]
     row.check = f"{len(ours)} (pHash, dHash) pairs identical"
-    row.notes.append(f"ours also computes SHA-256 and a 64x64 thumbnail per image; {workers} thread(s), the loop 1")
+    kind = "processes (forked)" if workers > 1 and len(files) >= PROCESS_FROM else "threads"
+    row.notes.append(f"ours also computes SHA-256 and a 64x64 thumbnail per image; {workers} worker {kind}, "
+                     f"the loop 1 thread")
     return row
 
 
@@ -149,7 +151,7 @@ def bench_hashing(max_images: int, workers: int, repeats: int) -> Row | None:
     if not files:
         print(f"hashing: skipped, no images under {SHARED}")
         return None
-    return _hash_row(f"hashing (pHash + dHash), {len(files)} real images from ../shared/data, {workers} thread(s)",
+    return _hash_row(f"hashing (pHash + dHash), {len(files)} real images from ../shared/data, {workers} workers",
                      files, workers, repeats)
 
 
@@ -184,7 +186,7 @@ def bench_hashing_many(n: int, workers: int, repeats: int) -> Row | None:
     with tempfile.TemporaryDirectory(prefix="msb_bench_tiles_") as tmp:
         files = write_tiles(Path(tmp), n)
         return _hash_row(f"hashing (pHash + dHash), {n:,} JPEG tiles (160x120) of ../shared/data images, "
-                         f"{workers} thread(s)", files, workers, repeats)
+                         f"{workers} workers", files, workers, repeats)
 
 
 def bench_large(n: int, k: int, workers: int) -> Row:

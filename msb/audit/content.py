@@ -25,8 +25,8 @@ Masks (``True`` = content; ``S x S`` in the normalised coordinates of the ``S x 
 
 Fingerprints on the content (:func:`content_fingerprints`; one more decode per image): the screen thumbnail is
 the whole grey image (PIL ``convert("L")``) resized to ``S x S`` with OpenCV ``INTER_AREA``, as in
-:mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are the
-imagehash calls of :mod:`msb.audit.hashing` on the grey image cropped to the content crop, the dataset mask's
+:mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are
+imagehash's (bit for bit: the batched path of :mod:`msb.audit.hashing`) of the grey image cropped to the content crop, the dataset mask's
 left-out pixels there (nearest-neighbour upsampled) set to the mean grey of its content pixels (the image mask
 is not used for the hashes: two copies of one frame with slightly different JPEG noise could lose different
 border pixels and so differ in a few hash bits). The screens
@@ -42,12 +42,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import cv2
-import imagehash
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 from scipy import ndimage
+from threadpoolctl import threadpool_limits
 
-from msb.audit.hashing import HASH_SIZE, HIGHFREQ_FACTOR, pack_hash
+from msb.audit.hashing import batch_hashes, lanczos_hash_inputs
 from msb.errors import MSBError
 
 #: defaults of :func:`estimate_fov` (grey levels of 8-bit images, shares of images / pixels)
@@ -229,10 +229,9 @@ def _content_one(path: str, fov: FovMask, size: int, box: tuple[int, int, int, i
     if full_m.any() and not full_m.all():
         crop = crop.copy()
         crop[~full_m] = int(round(float(crop[full_m].mean())))
-    pil = Image.fromarray(np.ascontiguousarray(crop), mode="L")
-    ph = pack_hash(imagehash.phash(pil, hash_size=HASH_SIZE, highfreq_factor=HIGHFREQ_FACTOR))
-    dh = pack_hash(imagehash.dhash(pil, hash_size=HASH_SIZE))
-    return ph, dh, np.ascontiguousarray(thumb, np.uint8), m
+    p32, d98 = lanczos_hash_inputs(np.ascontiguousarray(crop))  # = imagehash's resizes of the crop, bit for bit
+    ph, dh = batch_hashes(p32[None], d98[None])
+    return int(ph[0]), int(dh[0]), np.ascontiguousarray(thumb, np.uint8), m
 
 
 def content_fingerprints(paths: Sequence[str | os.PathLike], fov: FovMask, size: int, workers: int = 1
@@ -260,11 +259,12 @@ def content_fingerprints(paths: Sequence[str | os.PathLike], fov: FovMask, size:
     def one(p: str):
         return _content_one(p, fov, size, box)
 
-    if workers > 1 and len(names) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as ex:
-            results = list(ex.map(one, names))
-    else:
-        results = [one(p) for p in names]
+    with threadpool_limits(limits=1, user_api="blas"):  # small products: BLAS threads would only contend
+        if workers > 1 and len(names) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as ex:
+                results = list(ex.map(one, names))
+        else:
+            results = [one(p) for p in names]
     problems = [r for r in results if isinstance(r, str)]
     if problems:
         raise MSBError(f"{len(problems)} image(s) could not be read for the content screens: "

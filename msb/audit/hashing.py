@@ -23,8 +23,10 @@ How it is fast and still bit-identical to imagehash (``scripts/bench_audit.py`` 
   probe images (:func:`fast_resize_matches_pillow`); if it ever differs, PIL's own resize is used;
 * the DCT of all 32x32 thumbnails is one batched ``scipy.fftpack.dct`` call (the transform imagehash calls,
   applied per 1-D line, so stacking does not change a coefficient), the medians one ``np.median`` call;
-* decoding, the resizes and the thumbnail run in ``workers`` threads: PIL, BLAS and OpenCV release the GIL, so
-  there is no process start-up and nothing to pickle.
+* decoding, the resizes and the thumbnail run in ``workers`` threads for small sets (PIL, BLAS and OpenCV
+  release the GIL; no process start-up, nothing to pickle) and in ``workers`` processes from
+  :data:`PROCESS_FROM` images (forked; 500 where they must be spawned), where the Python part of each image (Pillow's header parsing, NumPy call
+  overheads) would keep threads waiting on one GIL; BLAS and OpenCV run one thread each beside them.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import multiprocessing
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -45,6 +48,7 @@ import imagehash
 import numpy as np
 import scipy.fftpack
 from PIL import Image, UnidentifiedImageError
+from threadpoolctl import threadpool_limits
 
 from msb.errors import MSBError
 
@@ -57,6 +61,7 @@ _PRECISION_BITS = 22  # Pillow's PRECISION_BITS for 8-bit images: 32 - 8 - 2
 _HALF = float(1 << (_PRECISION_BITS - 1))
 _INV_ONE = 1.0 / (1 << _PRECISION_BITS)
 _BANDED_FROM = 256  # input samples from which a pass is cut into blocks of 4 output samples
+_BLOCK = 4  # output samples per block of a banded pass
 _LANCZOS = Image.Resampling.LANCZOS
 
 
@@ -137,7 +142,7 @@ def _bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray]
     matrix; below, one dense block (fewer, larger products cost less there).
     """
     k = lanczos_matrix(n_in, n_out)
-    cuts = list(range(0, n_out, 4)) + [n_out] if n_in >= _BANDED_FROM else [0, n_out]
+    cuts = list(range(0, n_out, _BLOCK)) + [n_out] if n_in >= _BANDED_FROM else [0, n_out]
     blocks = []
     for c0, c1 in zip(cuts[:-1], cuts[1:]):
         rows = np.flatnonzero(np.any(k[:, c0:c1] != 0, axis=1))
@@ -209,14 +214,59 @@ def lanczos_hash_inputs(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Returns:
         ``(32, 32)`` and ``(8, 9)`` float64 arrays of integers in ``[0, 255]``. Uses :func:`pillow_lanczos`
-        when :func:`fast_resize_matches_pillow` holds, else ``PIL.Image.resize`` itself.
+        when :func:`fast_resize_matches_pillow` holds, else ``PIL.Image.resize`` itself. Below 256 px a side,
+        when both sizes take the same pass order, the two resizes share their products
+        (:func:`_joint_lanczos`).
     """
     if not fast_resize_matches_pillow():
         im = Image.fromarray(np.ascontiguousarray(grey, dtype=np.uint8))
         return (np.asarray(im.resize((_PHASH_SIDE, _PHASH_SIDE), _LANCZOS), np.float64),
                 np.asarray(im.resize((HASH_SIZE + 1, HASH_SIZE), _LANCZOS), np.float64))
-    g = grey.astype(np.float64)
+    h, w = grey.shape
+    g = _as_float(grey)
+    if max(h, w) < _BANDED_FROM and (_vertical_first(h, w, _PHASH_SIDE, _PHASH_SIDE)
+                                     == _vertical_first(h, w, HASH_SIZE + 1, HASH_SIZE)):
+        return _joint_lanczos(g)
     return pillow_lanczos(g, _PHASH_SIDE, _PHASH_SIDE), pillow_lanczos(g, HASH_SIZE + 1, HASH_SIZE)
+
+
+_BUFFERS = threading.local()
+
+
+def _as_float(grey: np.ndarray) -> np.ndarray:
+    """``grey`` as float64 in this thread's reusable buffer (valid until the thread's next call): a fresh
+    multi-megabyte array per image would be ``mmap``-ed and page-faulted anew in every worker thread."""
+    size = grey.size
+    buf = getattr(_BUFFERS, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _BUFFERS.buf = np.empty(max(size, 1 << 16))
+    out = buf[:size].reshape(grey.shape)
+    np.copyto(out, grey)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _joint_matrices(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[K_32 | K_9]`` horizontal ``(w, 41)`` and ``[K_32 | K_8]`` vertical ``(h, 40)`` LANCZOS matrices."""
+    kh = np.hstack([lanczos_matrix(w, _PHASH_SIDE), lanczos_matrix(w, HASH_SIZE + 1)])
+    kv = np.hstack([lanczos_matrix(h, _PHASH_SIDE), lanczos_matrix(h, HASH_SIZE)])
+    kh.flags.writeable = False
+    kv.flags.writeable = False
+    return kh, np.ascontiguousarray(kv.T)
+
+
+def _joint_lanczos(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both LANCZOS inputs of a float64 ``(H, W)`` image in two products, when both sizes take the same pass
+    order: the first pass to ``32 + 9`` (or ``32 + 8``) samples at once, rounded; the second pass of the whole
+    intermediate, rounded, of which the two wanted blocks are kept. Each kept value is the same integer sum as in
+    :func:`pillow_lanczos` (exact in float64), so the result is bit-identical to it."""
+    h, w = g.shape
+    kh, kvt = _joint_matrices(h, w)
+    if _vertical_first(h, w, _PHASH_SIDE, _PHASH_SIDE):
+        both = _round_clip(_round_clip(kvt @ g) @ kh)  # (40, 41)
+    else:
+        both = _round_clip(kvt @ _round_clip(g @ kh))
+    return both[:_PHASH_SIDE, :_PHASH_SIDE].copy(), both[_PHASH_SIDE:, _PHASH_SIDE:].copy()
 
 
 _ORDER = "pillow13"
@@ -300,8 +350,9 @@ class _Decoded:
     width: int
     n_bytes: int
     thumb: np.ndarray
-    p32: np.ndarray
-    d98: np.ndarray
+    p32: np.ndarray | None
+    d98: np.ndarray | None
+    hashes: tuple[int, int] | None = None  # (phash, dhash) once computed in a worker process
 
 
 def _decode(path: str | os.PathLike, thumb_size: int) -> _Decoded:
@@ -346,6 +397,53 @@ def _safe_decode(path: str, thumb_size: int) -> _Decoded | str:
         return str(e)
 
 
+#: Worker processes instead of threads (2 workers or more) from this many images when they can be forked (a
+#: few ms each), and from :data:`PROCESS_FROM_SPAWN` when they must be spawned (each imports NumPy, OpenCV and
+#: Pillow anew, ~0.5 s). Threads share one GIL, and each image keeps a thread in Python for a part of its time
+#: (Pillow's header parsing, NumPy call overheads); processes don't wait on each other. Below, threads (no
+#: start-up, nothing to pickle). Measured in scripts/bench_audit.py.
+PROCESS_FROM = 500
+PROCESS_FROM_SPAWN = 2000
+_CHUNK = 64  # images per task of a worker process, at most (at least 8 tasks per worker: balanced ends)
+
+
+def _init_process() -> None:
+    """Worker process set-up: one OpenCV and one BLAS thread each (the processes are the parallelism)."""
+    cv2.setNumThreads(1)
+    threadpool_limits(limits=1, user_api="blas")
+    fast_resize_matches_pillow()
+
+
+def _hash_chunk(paths: list[str], thumb_size: int) -> list[_Decoded | str]:
+    """Decode and hash ``paths`` in a worker process; the LANCZOS inputs are replaced by the hashes (less to
+    send back). Unreadable files come back as their error line."""
+    out = [_safe_decode(p, thumb_size) for p in paths]
+    ok = [r for r in out if not isinstance(r, str)]
+    if ok:
+        ph, dh = batch_hashes(np.stack([r.p32 for r in ok]), np.stack([r.d98 for r in ok]))
+        for r, a, b in zip(ok, ph.tolist(), dh.tolist()):
+            r.p32 = r.d98 = None
+            r.hashes = (a, b)
+    return out
+
+
+def _start_method() -> str:
+    """``fork`` where the platform has it and this process runs no other Python thread (no lock can be copied
+    while held), else ``spawn``."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1 else "spawn"
+
+
+def _in_processes(names: list[str], thumb_size: int, workers: int, method: str) -> Iterator[_Decoded | str]:
+    """Per-image results of :func:`_hash_chunk` over ``workers`` processes started by ``method``, in input
+    order."""
+    size = max(1, min(_CHUNK, -(-len(names) // (8 * workers))))
+    chunks = [names[i:i + size] for i in range(0, len(names), size)]
+    with ProcessPoolExecutor(max_workers=min(workers, len(chunks)), initializer=_init_process,
+                             mp_context=multiprocessing.get_context(method)) as ex:
+        for part in ex.map(_hash_chunk, chunks, [thumb_size] * len(chunks)):
+            yield from part
+
+
 @dataclass
 class HashTable:
     """Fingerprints of N images, aligned with the input order.
@@ -379,8 +477,10 @@ def hash_images(paths: Sequence[str | os.PathLike], thumb_size: int = DEFAULT_TH
     Args:
         paths: image files.
         thumb_size: grey thumbnail side in pixels.
-        workers: threads decoding and resizing (1 = this thread only). Decoding, resizing and BLAS release the
-            GIL, so threads scale without a process start-up.
+        workers: threads or processes decoding and resizing (1 = this thread only). Below
+            :data:`PROCESS_FROM` images (:data:`PROCESS_FROM_SPAWN` where processes can't be forked), threads
+            (decoding and BLAS release the GIL; no start-up); from it, worker processes in chunks of 64 images,
+            each with one OpenCV and one BLAS thread. The values are the same either way.
         progress: optional wrapper around the per-image result iterator (e.g. a progress bar).
 
     Returns:
@@ -397,9 +497,14 @@ def hash_images(paths: Sequence[str | os.PathLike], thumb_size: int = DEFAULT_TH
     names = [str(p) for p in paths]
     cv_threads = cv2.getNumThreads()
     cv2.setNumThreads(1)  # the thumbnails are tiny: OpenCV's own thread pool costs more than it gives
+    blas = threadpool_limits(limits=1, user_api="blas")  # likewise BLAS's, beside our own worker threads
     try:
-        if workers == 1 or len(names) < 2:
-            it: Iterable = map(fn, names)
+        method = _start_method()
+        if workers >= 2 and len(names) >= (PROCESS_FROM if method == "fork" else PROCESS_FROM_SPAWN):
+            it: Iterable = _in_processes(names, thumb_size, workers, method)
+            results = list(progress(it) if progress else it)
+        elif workers == 1 or len(names) < 2:
+            it = map(fn, names)
             results = list(progress(it) if progress else it)
         else:
             with ThreadPoolExecutor(max_workers=workers) as ex:
@@ -407,18 +512,23 @@ def hash_images(paths: Sequence[str | os.PathLike], thumb_size: int = DEFAULT_TH
                 results = list(progress(it) if progress else it)
     finally:
         cv2.setNumThreads(cv_threads)
+        blas.restore_original_limits()
     problems = [r for r in results if isinstance(r, str)]
     if problems:
         shown = "; ".join(problems[:_MAX_LISTED])
         more = f"; ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
         raise MSBError(f"{len(problems)} image(s) could not be fingerprinted: {shown}{more}")
     n = len(results)
-    if n:
-        thumbs = np.stack([r.thumb for r in results])
-        phash, dhash = batch_hashes(np.stack([r.p32 for r in results]), np.stack([r.d98 for r in results]))
-    else:
-        thumbs = np.zeros((0, thumb_size, thumb_size), np.uint8)
-        phash, dhash = batch_hashes(np.zeros((0, 32, 32)), np.zeros((0, 8, 9)))
+    phash, dhash = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+    todo = [i for i, r in enumerate(results) if r.hashes is None]
+    if todo:
+        phash[todo], dhash[todo] = batch_hashes(np.stack([results[i].p32 for i in todo]),
+                                                np.stack([results[i].d98 for i in todo]))
+    done = [i for i, r in enumerate(results) if r.hashes is not None]
+    if done:
+        phash[done] = np.array([results[i].hashes[0] for i in done], dtype=np.uint64)
+        dhash[done] = np.array([results[i].hashes[1] for i in done], dtype=np.uint64)
+    thumbs = (np.stack([r.thumb for r in results]) if n else np.zeros((0, thumb_size, thumb_size), np.uint8))
     return HashTable(sha256=np.array([r.sha256 for r in results], dtype=object), phash=phash, dhash=dhash,
                      height=np.array([r.height for r in results], dtype=np.int64),
                      width=np.array([r.width for r in results], dtype=np.int64),

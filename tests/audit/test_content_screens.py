@@ -270,3 +270,24 @@ def test_fov_mask_file_is_used_recorded_and_written(planted: Path, tmp_path: Pat
     assert pairs.set_index(["sample_id_a", "sample_id_b"]).loc[("a", "copy_a"), "ncc"] == pytest.approx(1.0)
     r = _audit(str(planted), "--fov", str(tmp_path / "missing.png"), "--out", str(out))
     assert isinstance(r.exception, MSBError) and "--fov must be auto, none or a mask image file" in str(r.exception)
+
+
+def test_content_crop_hashes_equal_imagehash_of_the_crop(shared_dir: Path) -> None:
+    """The content hashes (batched path) against imagehash itself on the crop cut by hand: a dataset mask that
+    leaves out the top quarter (rows 0-15 of 64) crops each image to rows ``floor(h / 4)`` .. ``h``."""
+    import imagehash
+
+    from msb.audit.content import FovMask, content_fingerprints
+
+    files = sorted(p for p in (shared_dir / "data").glob("*/images/*") if p.suffix.lower() in {".jpg", ".png"})
+    if not files:
+        pytest.skip(f"no images under {shared_dir / 'data'}")
+    files = files[::151][:8]
+    mask = np.ones((64, 64), bool)
+    mask[:16] = False
+    table = content_fingerprints(files, FovMask("file", mask, left_out_fraction=0.25), 64, workers=2)
+    for p, ph, dh in zip(files, table.phash, table.dhash):
+        grey = Image.open(p).convert("L")
+        crop = grey.crop((0, grey.height * 16 // 64, grey.width, grey.height))
+        assert f"{int(ph):016x}" == str(imagehash.phash(crop)), p
+        assert f"{int(dh):016x}" == str(imagehash.dhash(crop)), p

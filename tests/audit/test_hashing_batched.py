@@ -55,7 +55,8 @@ def test_lanczos_matrices_equal_pillow_resize() -> None:
     assert fast_resize_matches_pillow()  # the fast path (not the PIL fallback) is what this test checks
     rng = np.random.default_rng(0)
     shapes = [(1, 1), (2, 5), (8, 9), (32, 32), (31, 33), (40, 12), (600, 12), (300, 40), (120, 160), (97, 300),
-              (288, 384), (1072, 1351), (1351, 700)]
+              (288, 384), (1072, 1351), (1351, 700), (200, 60), (60, 200), (255, 255), (100, 33), (33, 100),
+              (120, 255), (250, 9)]  # below 256 px a side both sizes share their products (_joint_lanczos)
     for h, w in shapes:
         g = rng.integers(0, 256, (h, w), dtype=np.uint8)
         g[: h // 2, : w // 3] = 255 * (rng.random((h // 2, w // 3)) > 0.5)  # hard edges: overshoot clipped
@@ -89,6 +90,35 @@ def test_real_images_bit_identical_to_imagehash(shared_dir: Path) -> None:
     assert list(zip(hex64(one.phash), hex64(one.dhash))) == ref
     assert np.array_equal(one.phash, two.phash) and np.array_equal(one.dhash, two.dhash)
     assert np.array_equal(one.thumbs, two.thumbs) and list(one.sha256) == list(two.sha256)
+
+
+def test_worker_processes_bit_identical_to_imagehash(shared_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """The process path (from PROCESS_FROM images; lowered here, with chunks of 4 so that several tasks and a
+    short last one run; forked, then spawned): the same hashes as imagehash, the same thumbnails and digests as one thread, and an
+    unreadable file named as on the thread path."""
+    import msb.audit.hashing as hashing
+    from msb.errors import MSBError
+
+    files = sorted(p for p in (shared_dir / "data").glob("*/images/*") if p.suffix.lower() in {".jpg", ".png"})
+    if not files:
+        pytest.skip(f"no images under {shared_dir / 'data'}")
+    files = files[::97][:14]
+    monkeypatch.setattr(hashing, "PROCESS_FROM", 2)
+    monkeypatch.setattr(hashing, "PROCESS_FROM_SPAWN", 2)
+    monkeypatch.setattr(hashing, "_CHUNK", 4)
+    ref = [_imagehash_pair(p) for p in files]
+    procs = hash_images(files, workers=2)
+    assert list(zip(hex64(procs.phash), hex64(procs.dhash))) == ref
+    monkeypatch.setattr(hashing, "_start_method", lambda: "spawn")  # what a process with other threads gets
+    spawned = hash_images(files[:6], workers=2)
+    assert list(zip(hex64(spawned.phash), hex64(spawned.dhash))) == ref[:6]
+    one = hash_images(files)  # workers=1: this thread
+    assert np.array_equal(one.thumbs, procs.thumbs) and list(one.sha256) == list(procs.sha256)
+    assert np.array_equal(one.height, procs.height) and np.array_equal(one.n_bytes, procs.n_bytes)
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(MSBError, match=r"1 image\(s\) could not be fingerprinted: .*broken\.jpg"):
+        hash_images([*files[:5], bad], workers=2)
 
 
 def test_empty_list_and_bad_workers() -> None:
