@@ -56,7 +56,7 @@ def test_lanczos_matrices_equal_pillow_resize() -> None:
     rng = np.random.default_rng(0)
     shapes = [(1, 1), (2, 5), (8, 9), (32, 32), (31, 33), (40, 12), (600, 12), (300, 40), (120, 160), (97, 300),
               (288, 384), (1072, 1351), (1351, 700), (200, 60), (60, 200), (255, 255), (100, 33), (33, 100),
-              (120, 255), (250, 9)]  # below 256 px a side both sizes share their products (_joint_lanczos)
+              (120, 255), (250, 9), (50, 40)]  # below 256 px a side both sizes share their products (_joint_lanczos)
     for h, w in shapes:
         g = rng.integers(0, 256, (h, w), dtype=np.uint8)
         g[: h // 2, : w // 3] = 255 * (rng.random((h // 2, w // 3)) > 0.5)  # hard edges: overshoot clipped
