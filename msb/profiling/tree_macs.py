@@ -21,9 +21,9 @@ attribute (``{submodule path: number of names it has in the official code}``), w
 applies, so the paper's figure is reproduced without changing the model or its state dict.
 
 Scope: the MACs of ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d`` and ``nn.Linear`` calls (no bias, norm,
-activation or attention product). calflops also counts ``torch.matmul``/``einsum``/``addmm``/``baddbmm`` and
-functional ``F.linear``/``F.conv*`` calls outside such modules (not the ``@`` operator nor
-``F.scaled_dot_product_attention``); those are not reproduced here.
+activation or attention product). calflops' MACs also include ``torch.matmul``/``Tensor.matmul``/``addmm``/
+``baddbmm`` and functional ``F.linear``/``F.conv*`` calls made outside such modules (not the ``@`` operator,
+``torch.bmm``, ``F.scaled_dot_product_attention``, and ``einsum`` with 0 MACs); those are not reproduced here.
 """
 
 from __future__ import annotations
