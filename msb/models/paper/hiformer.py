@@ -1,24 +1,34 @@
 """HiFormer-B (Heidari, Kazerouni, Soltany, Azad, Aghdam, Cohen-Adad, Merhof; WACV 2023), from the paper and the
 official code (amirhossein-kz/HiFormer: ``models/HiFormer.py``, ``models/Encoder.py``, ``models/Decoder.py``,
-``utils.py``, ``configs/HiFormer_configs.py``: ``get_hiformer_b_configs``).
+``utils.py``, ``configs/HiFormer_configs.py``: ``get_hiformer_b_configs``), as the MSB paper's HiFormer-B*.
 
-- CNN: ResNet-50 up to ``layer3`` (timm ``resnet50``, torchvision key names; ``layer4`` and ``fc`` are not built).
+- CNN: ResNet to ``layer3`` (timm ``resnet101`` by default = MSB's HiFormer-B*; ``cnn: resnet50`` = the official
+  HiFormer-B; torchvision key names; ``layer4`` and ``fc`` are not built, as the official
+  ``nn.ModuleList(resnet.children())[:7]``).
 - Swin: the first three stages of Swin-T (timm ``SwinTransformerStage``, window 7, dims 96/192/384, depths
   2/2/6, heads 3/6/12, stochastic depth 0.1 over 10 blocks) without its patch embedding; the stages are fed by
   1×1 projections of the ResNet maps at strides 4, 8, 16, each added to the Swin output, with Swin-T's patch
   merging between them. Branch outputs: the stride-4 tokens (96 ch) and the stride-16 tokens (384 ch), each
-  with a class token = the mean of its LayerNorm.
+  with a class token = the mean of its LayerNorm. Token grids that are not multiples of 7 (64/32/16 at 256²,
+  128/64/32 at 512²) are padded to whole windows (timm); the official window partition needs multiples of 7
+  (its 224² gives 56/28/14), so it cannot run at 256² or 512² unchanged.
 - DLF ("double-level fusion"): learnt position embeddings of (1 + H/4·W/4, 96) and (1 + H/16·W/16, 384) (so the
-  parameter count depends on the input size, as the MSB paper's Table 3 says: 44.62 M at 256², 46.09 M at 512²),
-  one multi-scale block of depth [1, 2, 0], heads (6, 12), MLP ratios (2, 2, 1): each branch's class token is
-  projected to the other width, attends (cross-attention, query = class token) over the other branch's
-  tokens and is projected back; then a LayerNorm per branch.
+  parameter count depends on the input size, as the MSB paper's Table 3 says), one multi-scale block of depth
+  [1, 2, 0], heads (6, 12), MLP ratios (2, 2, 1): each branch's class token is projected to the other width,
+  attends (cross-attention, query = class token) over the other branch's tokens and is projected back; then a
+  LayerNorm per branch.
 - Decoder: stride-4 branch → 3×3 conv 128 + GN(32) + ReLU; stride-16 branch → twice (3×3 conv 128 + GN + ReLU +
   bilinear ×2); sum; 1×1 conv to 16 + ReLU + bilinear ×4; 3×3 conv classifier at the input resolution.
 
-``params.cnn: resnet101`` swaps the CNN for ResNet-101 (to layer3: 17 more bottlenecks, 18 992 128 parameters):
-the MSB paper's HiFormer-B* parameter counts (44.62 M at 256², 46.09 M at 512²) are then matched to 0.01 % at
-both sizes, though not its GMACs (16.70 here vs 25.52 at 256²), so that reading of the star is a conjecture.
+MSB Table 3 (3 classes): HiFormer-B* 44.62 M parameters at 256², 46.09 M at 512², 25.52 / 100.03 GMACs. With
+ResNet-101 this adapter has 44,618,573 / 46,093,133 parameters (``cnn: resnet50``: 25,626,445 / 27,101,005,
+the official HiFormer-B). Its GMACs: 16.70 / 64.74 MACs run (``conv+linear``); the paper's figures count the
+modules the official code registers under two names twice (calflops' module-tree sum, see
+:mod:`msb.profiling.tree_macs`): ResNet ``layer2``/``layer3`` (``resnet_layers`` and ``p2``/``p3`` in
+``models/Encoder.py``) and the decoder convolutions (``conv_tower`` and ``convs_level`` in ``models/Decoder.py``).
+:attr:`HiFormer.official_registrations` declares them, and
+:func:`~msb.profiling.tree_macs.count_tree_macs` then gives 25.52 / 100.03 (calflops 0.3.2 on the official code
+with ResNet-101 and padded windows: 25.5208 / 100.0250).
 
 As the official code (and counted in the paper's parameters and GMACs): the multi-scale block runs its
 per-branch self-attention blocks (ViT blocks, 1 of width 96 and 2 of width 384) and then returns the fused
@@ -29,8 +39,8 @@ Built for one input size ``img_size`` (int or [H, W], multiples of 32; default 2
 ImageNet Swin-T and ResNet-50): ``encoder_weights`` = a local Swin-T classification state dict (official or timm
 names; its stages 1-3 load into ``backbone.swin_transformer``, its first two patch mergings into ``p1_pm``/
 ``p2_pm`` as the official code does; the patch embedding, stage 4, final norm and head are dropped), and
-``params.cnn_weights`` = a local ResNet-50 state dict (torchvision/timm names, ``layer4``/``fc`` dropped), each
-loaded strictly.
+``params.cnn_weights`` = a local ResNet state dict of the chosen depth (torchvision/timm names, ``layer4``/``fc``
+dropped), each loaded strictly.
 """
 
 from __future__ import annotations
@@ -64,10 +74,10 @@ def _size(img_size: int | Sequence[int]) -> tuple[int, int]:
 
 
 class _Pyramid(nn.Module):
-    """ResNet-50 (to layer3) + Swin-T stages 1-3: ``forward(x)`` -> [(B, 1+N/16, 96), (B, 1+N/256, 384)] with
+    """ResNet (to layer3) + Swin-T stages 1-3: ``forward(x)`` -> [(B, 1+N/16, 96), (B, 1+N/256, 384)] with
     N = H·W, class token first."""
 
-    def __init__(self, size: tuple[int, int], cnn: str = "resnet50") -> None:
+    def __init__(self, size: tuple[int, int], cnn: str = "resnet101") -> None:
         super().__init__()
         cnn = timm.create_model(cnn, pretrained=False, num_classes=0, zero_init_last=False)  # torchvision init
         del cnn.layer4
@@ -163,17 +173,22 @@ def _conv_gn_relu(cin: int, cout: int) -> list[nn.Module]:
 
 @register("hiformer_b")
 class HiFormer(Segmentor):
-    """HiFormer-B as a :class:`Segmentor`: ``forward(x)`` (N, 3, H, W) with (H, W) = ``img_size`` ->
-    ``[logits]``, logits (N, C, H, W)."""
+    """HiFormer-B(*) as a :class:`Segmentor`: ``forward(x)`` (N, 3, H, W) with (H, W) = ``img_size`` ->
+    ``[logits]``, logits (N, C, H, W). ``cnn``: ``resnet101`` (default, MSB's HiFormer-B*) or ``resnet50`` (the
+    official HiFormer-B)."""
 
     test_time_rule = "first"
     size_divisor = 32
+    #: submodules that the official code registers under two names (module docstring), for
+    #: :func:`msb.profiling.tree_macs.count_tree_macs`; the model itself registers each once
+    official_registrations = {"backbone.resnet.layer2": 2, "backbone.resnet.layer3": 2, "conv_up_l": 2, "conv_up_s": 2}
 
     def __init__(self, num_classes: int = 1, img_size: int | Sequence[int] = 256,
-                 encoder_weights: str | None = None, cnn_weights: str | None = None, cnn: str = "resnet50") -> None:
+                 encoder_weights: str | None = None, cnn_weights: str | None = None, cnn: str = "resnet101") -> None:
         super().__init__()
         if cnn not in ("resnet50", "resnet101"):
-            raise MSBError(f"model.params.cnn: hiformer_b takes resnet50 (official) or resnet101, got '{cnn}'")
+            raise MSBError(f"model.params.cnn: hiformer_b takes resnet101 (MSB's HiFormer-B*, default) or resnet50 "
+                           f"(the official HiFormer-B), got '{cnn}'")
         self.img_size = _size(img_size)
         h, w = self.img_size
         self.backbone = _Pyramid(self.img_size, cnn)
