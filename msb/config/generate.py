@@ -11,7 +11,8 @@ A study file names datasets x architectures and overrides::
       random_seed: [0, 1, 2]
 
 Layers, lowest first: ``global.yaml`` -> dataset -> architecture -> (with ``recipe: official``)
-``architectures/official/<arch>.yaml`` -> study ``overrides`` (deep merge, later wins). The configs root is
+``architectures/official/<arch>.yaml`` -> study ``overrides`` -> ``architecture_overrides[<arch>]`` (deep merge,
+later wins). The configs root is
 ``configs_root`` if given (relative to the study file), else the nearest folder above the study file that
 holds ``global.yaml``. Each run config is validated with :class:`msb.config.schema.RunConfig` and hashed:
 SHA-256 of the canonical JSON of the validated config.
@@ -57,6 +58,9 @@ class StudySpec(StrictModel):
     datasets: list[str] = Field(min_length=1)
     architectures: list[str] = Field(min_length=1)
     overrides: dict[str, Any] = Field(default_factory=dict)
+    # architecture name -> nested keys merged after ``overrides`` for that architecture's runs only (e.g. each
+    # architecture's smallest input size in a CI smoke study); every name must be one of ``architectures``
+    architecture_overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # study axes: dotted key -> list of values, one run per combination (module docstring)
     axes: dict[str, list[Any]] = Field(default_factory=dict)
     # ``official``: layer configs/architectures/official/<arch>.yaml after the architecture (docs/models.md)
@@ -256,6 +260,10 @@ def generate_runs(study_path: str | Path, exclusions: list[dict[str, Any]] | Non
     check_keys(glob.data, RunConfig, str(root / "global.yaml"), glob.provenance)
     runs: list[GeneratedRun] = []
     archs = list(spec.architectures)
+    unknown = sorted(set(spec.architecture_overrides) - set(archs))
+    if unknown:
+        raise MSBError(f"{study_path}: key 'architecture_overrides' names {', '.join(unknown)}, not in the study's "
+                       f"architectures ({', '.join(archs)})")
     if spec.unavailable_architectures == "exclude":
         archs = _available_architectures(spec, root, study_path, exclusions)
     for kind, names in (("datasets", spec.datasets), ("architectures", archs)):
@@ -283,6 +291,9 @@ def generate_runs(study_path: str | Path, exclusions: list[dict[str, Any]] | Non
                 prov.update(layer.provenance)
                 merged = deep_merge(merged, layer.data)
             merged = deep_merge(merged, spec.overrides, f"{study_path} (overrides)", prov)
+            if arch in spec.architecture_overrides:
+                merged = deep_merge(merged, spec.architecture_overrides[arch],
+                                    f"{study_path} (architecture_overrides.{arch})", prov)
             axes = pool_axes(spec.pools, spec.seeds, spec.axes, str(study_path))
             for combo in axis_combinations(axes, str(study_path)):
                 try:

@@ -145,3 +145,26 @@ def test_baked_input_size_follows_the_axis(configs: Path):  # noqa: F811
     assert [r.config.model.params["img_size"] for r in runs] == [[128, 128], [192, 192]]
     assert [r.config.data.input_size for r in runs] == [(128, 128), (192, 192)]
     assert runs[0].config_hash != runs[1].config_hash
+
+
+def test_architecture_overrides_apply_to_their_architecture_only(configs: Path):  # noqa: F811
+    """``architecture_overrides`` merge after ``overrides`` for one architecture's runs (e.g. its own input size),
+    leave the other architectures' configs and run ids as without them, and an axis still wins over them."""
+    study = configs / "studies" / "arch_over.yaml"
+    base = {"study": "ax", "datasets": ["toy"], "architectures": ["unet_a", "unet_b"],
+            "overrides": {"train": {"epochs": 2}, "data": {"input_size": [32, 32]}}}
+    _write(study, base)
+    plain = {r.architecture: r for r in generate_runs(study)}
+    _write(study, {**base, "architecture_overrides": {"unet_b": {"data": {"input_size": [128, 128]},
+                                                                 "train": {"epochs": 5}}}})
+    runs = {r.architecture: r for r in generate_runs(study)}
+    assert runs["unet_a"].config.data.input_size == (32, 32) and runs["unet_a"].config.train.epochs == 2
+    assert runs["unet_a"].run_id == plain["unet_a"].run_id
+    assert runs["unet_b"].config.data.input_size == (128, 128) and runs["unet_b"].config.train.epochs == 5
+    assert runs["unet_b"].run_id != plain["unet_b"].run_id
+    _write(study, {**base, "architecture_overrides": {"unet_b": {"train": {"epochs": 5}}},
+                   "axes": {"train.epochs": [7]}})
+    assert {r.architecture: r.config.train.epochs for r in generate_runs(study)} == {"unet_a": 7, "unet_b": 7}
+    _write(study, {**base, "architecture_overrides": {"unet_c": {"train": {"epochs": 5}}}})
+    with pytest.raises(MSBError, match=r"architecture_overrides' names unet_c, not in the study's architectures"):
+        generate_runs(study)
