@@ -10,7 +10,10 @@ table row is interpretable on its own. Columns (:data:`PROFILE_COLUMNS`):
 ``amp_dtype``, ``params`` (number of parameters, int), ``params_m`` (millions), ``gmacs`` (GMACs per image =
 one forward pass at batch 1 under the named convention ``conv+linear`` of :mod:`msb.profiling.flops`:
 convolutions and linear layers, FlopCounterMode FLOPs / 2 / 1e9), ``gflops`` (2 x gmacs), ``gmacs_attention``
-(attention matrix products, not in ``gmacs``), ``gmacs_convention`` (``conv+linear``),
+(attention matrix products, not in ``gmacs``), ``gmacs_convention`` (``conv+linear``), ``gmacs_module_tree``
+(the same conv/linear MACs summed over the module tree by registered name, as calflops totals them, with the
+reference implementation's duplicate registrations: :mod:`msb.profiling.tree_macs`; equal to ``gmacs`` for
+most models, MSB Table 3's convention for HiFormer-B*),
 ``uncounted_ops`` (comma-separated ATen operators that ran but count 0), ``latency_ms_median``,
 ``latency_ms_sd`` (per forward pass of one batch, over repeats), ``latency_ms_repeats`` (JSON list),
 ``throughput_ips`` (images/s), ``peak_mem_mib``, ``peak_mem_delta_mib``, ``nvml_used_mib``, ``mem_method``
@@ -40,6 +43,7 @@ from msb.profiling.environment import environment_info, nvml_used_bytes
 from msb.profiling.flops import CONVENTION, count_flops
 from msb.profiling.memory import cpu_peak_rss, cuda_peak
 from msb.profiling.timing import TimingProtocol, autocast_context, time_forward
+from msb.profiling.tree_macs import count_tree_macs
 from msb.utils.hashing import sha256_json
 
 __all__ = ["ProfileTarget", "PROFILE_COLUMNS", "TIMED_REGION", "model_label", "parse_input_size",
@@ -54,8 +58,8 @@ _MIB = 1024.0 * 1024.0
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "model", "arch", "encoder", "model_params", "num_classes", "input_h", "input_w", "batch_size", "precision",
-    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "uncounted_ops",
-    "latency_ms_median", "latency_ms_sd",
+    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "gmacs_module_tree",
+    "uncounted_ops", "latency_ms_median", "latency_ms_sd",
     "latency_ms_repeats", "throughput_ips", "peak_mem_mib", "peak_mem_delta_mib", "nvml_used_mib", "mem_method",
     "warmup", "timed_passes", "repeats", "cudnn_benchmark", "timer", "timed_region", "flop_counter", "device",
     "device_name", "num_threads", "driver_version", "cuda_runtime", "cudnn_version", "python", "torch",
@@ -141,6 +145,7 @@ def profile_module(model: nn.Module, size: tuple[int, int], device: torch.device
     gen = torch.Generator().manual_seed(0)
     x1 = torch.randn(1, 3, h, w, generator=gen).to(device)
     fc = count_flops(model, x1)
+    tree = count_tree_macs(model, x1)
     del x1
     rows = []
     for proto in protocols:
@@ -177,7 +182,7 @@ def profile_module(model: nn.Module, size: tuple[int, int], device: torch.device
             "amp_dtype": timing.amp_dtype if timing else "",
             "params": int(n_params), "params_m": n_params / 1e6, "gmacs": fc.gmacs, "gflops": 2 * fc.gmacs,
             "gmacs_attention": fc.gmacs_attention, "gmacs_convention": CONVENTION,
-            "uncounted_ops": ", ".join(fc.uncounted_ops),
+            "gmacs_module_tree": tree.gmacs, "uncounted_ops": ", ".join(fc.uncounted_ops),
             "latency_ms_median": timing.median_ms if timing else nan,
             "latency_ms_sd": timing.sd_ms if timing else nan,
             "latency_ms_repeats": json.dumps([round(v, 6) for v in timing.per_repeat_ms]) if timing else "[]",
