@@ -135,10 +135,10 @@ def test_profile_row_records_protocol_and_exact_values():
     rows = profile_module(model, (32, 32), torch.device("cpu"), [proto], label="conv")
     assert len(rows) == 1
     r = rows[0]
-    # calls: 1 FLOP count + warm-up 3 + 5 x 4 timed + 1 memory pass
-    assert model.calls == 1 + 3 + 20 + 1
+    # calls: 1 FLOP count + 1 module-tree count + warm-up 3 + 5 x 4 timed + 1 memory pass
+    assert model.calls == 1 + 1 + 3 + 20 + 1
     assert r["params"] == 3 * 8 * 9 + 8 == 224
-    assert r["gmacs"] == 8 * 32 * 32 * 3 * 9 / 1e9
+    assert r["gmacs"] == r["gmacs_module_tree"] == 8 * 32 * 32 * 3 * 9 / 1e9  # no module registered twice
     assert (r["warmup"], r["timed_passes"], r["repeats"], r["batch_size"]) == (3, 4, 5, 2)
     assert r["precision"] == "fp32" and r["device"] == "cpu" and r["timer"] == "perf_counter"
     assert "forward only" in r["timed_region"] and r["cudnn_benchmark"] is True
