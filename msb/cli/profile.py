@@ -28,15 +28,14 @@ def profile_frame(t):
         ``latency ms (median)``, ``latency ms (SD)``, ``images/s``, ``peak MiB`` (CUDA peak allocation; on the
         CPU the resident-memory increase), ``status``. ``GMACs`` follows the named convention ``conv+linear``
         (:data:`msb.profiling.flops.CONVENTION`); ``GMACs attention`` are the attention matrix products beside it;
-        ``GMACs module tree`` the conv/linear MACs summed over the module tree by registered name
-        (:mod:`msb.profiling.tree_macs`, calflops' total: MSB Table 3's convention for HiFormer-B*).
+        ``GMACs calflops`` the count of calflops, which MSB Table 3 follows (:mod:`msb.profiling.tree_macs`).
     """
     import pandas as pd
 
     mem = t["peak_mem_mib"].where(t["device"] == "cuda", t["peak_mem_delta_mib"])
     return pd.DataFrame({"model": t["model"], "input": t["input_h"].astype(str) + "x" + t["input_w"].astype(str),
                          "precision": t["precision"], "params (M)": t["params_m"], "GMACs": t["gmacs"],
-                         "GMACs attention": t["gmacs_attention"], "GMACs module tree": t["gmacs_module_tree"],
+                         "GMACs attention": t["gmacs_attention"], "GMACs calflops": t["gmacs_calflops"],
                          "latency ms (median)": t["latency_ms_median"], "latency ms (SD)": t["latency_ms_sd"],
                          "images/s": t["throughput_ips"], "peak MiB": mem, "status": t["status"]}).reset_index(drop=True)
 
@@ -98,13 +97,13 @@ def profile(ctx: typer.Context,
     title = (f"profile on {t['device_name'].iloc[0]} ({t['device'].iloc[0]}), batch {batch_size}, "
                         f"{warmup} warm-up + {repeats}x{timed_passes} timed passes, forward only")
     table = Table(title=title)
-    for col in ("model", "input", "precision", "params (M)", "GMACs", "GMACs attn", "GMACs tree",
+    for col in ("model", "input", "precision", "params (M)", "GMACs", "GMACs attn", "GMACs calflops",
                 "latency ms (median ± SD)", "images/s", "peak MiB", "status"):
         table.add_column(col, justify="left" if col in ("model", "input", "precision", "status") else "right")
     for _, r in t.iterrows():
         mem = r["peak_mem_mib"] if r["device"] == "cuda" else r["peak_mem_delta_mib"]
         table.add_row(r["model"], f"{r['input_h']}x{r['input_w']}", r["precision"], f"{r['params_m']:.2f}",
-                      f"{r['gmacs']:.3f}", f"{r['gmacs_attention']:.3f}", f"{r['gmacs_module_tree']:.3f}",
+                      f"{r['gmacs']:.3f}", f"{r['gmacs_attention']:.3f}", f"{r['gmacs_calflops']:.3f}",
                       f"{r['latency_ms_median']:.2f} ± {r['latency_ms_sd']:.2f}",
                       f"{r['throughput_ips']:.1f}", f"{mem:.1f}", r["status"])
     emit_frame(profile_frame(t), fmt, title, table)
@@ -113,7 +112,7 @@ def profile(ctx: typer.Context,
     from msb.profiling.tree_macs import TREE_CONVENTION
 
     log(f"{CONVENTION_TEXT}; operators not counted: {', '.join(uncounted) or 'none'}")
-    log(f"GMACs tree = {TREE_CONVENTION}: the same MACs summed over the module tree, reference-code duplicate "
-        f"registrations counted again (MSB Table 3's HiFormer-B*; docs/profiling.md)")
+    log(f"GMACs calflops = {TREE_CONVENTION}; the reference code's duplicate registrations counted again "
+        f"(docs/profiling.md)")
     log(f"peak memory: {t['mem_method'].iloc[0]}")
     log(f"written: {', '.join(str(p) for p in res.paths)}")

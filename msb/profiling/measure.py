@@ -10,10 +10,10 @@ table row is interpretable on its own. Columns (:data:`PROFILE_COLUMNS`):
 ``amp_dtype``, ``params`` (number of parameters, int), ``params_m`` (millions), ``gmacs`` (GMACs per image =
 one forward pass at batch 1 under the named convention ``conv+linear`` of :mod:`msb.profiling.flops`:
 convolutions and linear layers, FlopCounterMode FLOPs / 2 / 1e9), ``gflops`` (2 x gmacs), ``gmacs_attention``
-(attention matrix products, not in ``gmacs``), ``gmacs_convention`` (``conv+linear``), ``gmacs_module_tree``
-(the same conv/linear MACs summed over the module tree by registered name, as calflops totals them, with the
-reference implementation's duplicate registrations: :mod:`msb.profiling.tree_macs`; equal to ``gmacs`` for
-most models, MSB Table 3's convention for HiFormer-B*),
+(attention matrix products, not in ``gmacs``), ``gmacs_convention`` (``conv+linear``), ``gmacs_calflops``
+(the counting of calflops, which MSB Table 3 follows: conv / linear / ``torch.matmul`` / ``addmm`` / ``baddbmm``
+calls summed over the module tree by registered name, with the reference implementation's duplicate
+registrations: :mod:`msb.profiling.tree_macs`),
 ``uncounted_ops`` (comma-separated ATen operators that ran but count 0), ``latency_ms_median``,
 ``latency_ms_sd`` (per forward pass of one batch, over repeats), ``latency_ms_repeats`` (JSON list),
 ``throughput_ips`` (images/s), ``peak_mem_mib``, ``peak_mem_delta_mib``, ``nvml_used_mib``, ``mem_method``
@@ -58,7 +58,7 @@ _MIB = 1024.0 * 1024.0
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "model", "arch", "encoder", "model_params", "num_classes", "input_h", "input_w", "batch_size", "precision",
-    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "gmacs_module_tree",
+    "amp_dtype", "params", "params_m", "gmacs", "gflops", "gmacs_attention", "gmacs_convention", "gmacs_calflops",
     "uncounted_ops", "latency_ms_median", "latency_ms_sd",
     "latency_ms_repeats", "throughput_ips", "peak_mem_mib", "peak_mem_delta_mib", "nvml_used_mib", "mem_method",
     "warmup", "timed_passes", "repeats", "cudnn_benchmark", "timer", "timed_region", "flop_counter", "device",
@@ -182,7 +182,7 @@ def profile_module(model: nn.Module, size: tuple[int, int], device: torch.device
             "amp_dtype": timing.amp_dtype if timing else "",
             "params": int(n_params), "params_m": n_params / 1e6, "gmacs": fc.gmacs, "gflops": 2 * fc.gmacs,
             "gmacs_attention": fc.gmacs_attention, "gmacs_convention": CONVENTION,
-            "gmacs_module_tree": tree.gmacs, "uncounted_ops": ", ".join(fc.uncounted_ops),
+            "gmacs_calflops": tree.gmacs, "uncounted_ops": ", ".join(fc.uncounted_ops),
             "latency_ms_median": timing.median_ms if timing else nan,
             "latency_ms_sd": timing.sd_ms if timing else nan,
             "latency_ms_repeats": json.dumps([round(v, 6) for v in timing.per_repeat_ms]) if timing else "[]",

@@ -20,10 +20,14 @@ Our adapters do not duplicate modules; one whose official code does declares it 
 attribute (``{submodule path: number of names it has in the official code}``), which :func:`count_tree_macs`
 applies, so the paper's figure is reproduced without changing the model or its state dict.
 
-Scope: the MACs of ``nn.Conv1d/2d/3d``, ``nn.ConvTranspose1d/2d/3d`` and ``nn.Linear`` calls (no bias, norm,
-activation or attention product). calflops' MACs also include ``torch.matmul``/``Tensor.matmul``/``addmm``/
-``baddbmm`` and functional ``F.linear``/``F.conv*`` calls made outside such modules (not the ``@`` operator,
-``torch.bmm``, ``F.scaled_dot_product_attention``, and ``einsum`` with 0 MACs); those are not reproduced here.
+Scope, as calflops 0.3.2 patches ``torch`` (``pytorch_ops.py``): every call of ``F.linear``, ``F.conv1d/2d/3d``,
+``F.conv_transpose1d/2d/3d`` (so every ``nn.Linear`` / ``nn.Conv*`` module), ``torch.matmul`` / ``Tensor.matmul``,
+``torch.addmm`` and ``torch.baddbmm``, each attributed to the innermost module running; not the ``@`` operator,
+``torch.bmm``, ``einsum`` or ``F.scaled_dot_product_attention`` (0 MACs there), no bias, norm or activation. So an
+attention written with ``torch.matmul`` counts and one written with ``@`` does not: the code's spelling decides, as
+it did for the paper (our adapters spell each product as the official code does). With this scope the count gives
+every row of MSB Table 3 at 256² and 512² (tests/models/test_table3_calflops.py); for a model without registered
+duplicates and without those product calls it equals :data:`msb.profiling.flops.CONVENTION`.
 """
 
 from __future__ import annotations
@@ -33,15 +37,57 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["TreeMacs", "count_tree_macs", "TREE_CONVENTION", "call_macs"]
 
 #: name of the counting convention of :func:`count_tree_macs`
-TREE_CONVENTION = "conv+linear by registered name (calflops)"
+TREE_CONVENTION = ("calflops (MSB Table 3): conv / linear / torch.matmul / addmm / baddbmm calls, summed over the module "
+                   "tree by registered name")
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _CONV_T = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def _conv_macs(out, inp, weight, *args, **kwargs) -> int:
+    """``F.conv*``: output elements x ``C_in / groups`` x kernel size (``weight`` is ``(C_out, C_in/g, *k)``)."""
+    return out.numel() * math.prod(weight.shape[1:])
+
+
+def _conv_t_macs(out, inp, weight, *args, **kwargs) -> int:
+    """``F.conv_transpose*``: input elements x ``C_out / groups`` x kernel size (``weight`` ``(C_in, C_out/g, *k)``)."""
+    return inp.numel() * math.prod(weight.shape[1:])
+
+
+def _linear_macs(out, inp, weight, *args, **kwargs) -> int:
+    """``F.linear``: output elements x ``in_features``."""
+    return out.numel() * weight.shape[-1]
+
+
+def _matmul_macs(out, a, b, *args, **kwargs) -> int:
+    """``torch.matmul`` / ``Tensor.matmul`` as calflops counts it: ``prod(a.shape) * b.shape[-1]``."""
+    return math.prod(a.shape) * b.shape[-1]
+
+
+def _addmm_macs(out, bias, a, b, *args, **kwargs) -> int:
+    """``torch.addmm`` (calflops): ``prod(mat1.shape) * mat2.shape[-1]``."""
+    return math.prod(a.shape) * b.shape[-1]
+
+
+def _baddbmm_macs(out, bias, a, b, *args, **kwargs) -> int:
+    """``torch.baddbmm`` (calflops): ``B * n * m * p``."""
+    return a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+
+
+#: the calls counted, as calflops 0.3.2 patches them (``pytorch_ops.py``): (owner, attribute, MACs formula).
+#: Not counted (as calflops): the ``@`` operator, ``torch.bmm``, ``einsum``, ``F.scaled_dot_product_attention``.
+_FUNCTIONAL = (
+    (F, "linear", _linear_macs), (F, "conv1d", _conv_macs), (F, "conv2d", _conv_macs), (F, "conv3d", _conv_macs),
+    (F, "conv_transpose1d", _conv_t_macs), (F, "conv_transpose2d", _conv_t_macs),
+    (F, "conv_transpose3d", _conv_t_macs), (torch, "matmul", _matmul_macs), (torch.Tensor, "matmul", _matmul_macs),
+    (torch, "addmm", _addmm_macs), (torch, "baddbmm", _baddbmm_macs),
+)
 
 
 def call_macs(module: nn.Module, inp: torch.Tensor, out: torch.Tensor) -> int:
@@ -120,17 +166,35 @@ def count_tree_macs(model: nn.Module, x: torch.Tensor, registrations: Mapping[st
         if int(n) < 1:
             raise ValueError(f"count_tree_macs: registrations[{path!r}] = {n}; a count must be >= 1")
     own: dict[int, int] = {}
+    stack: list[nn.Module] = [model]
 
-    def hook(mod, args, out):
-        if args and isinstance(args[0], torch.Tensor) and isinstance(out, torch.Tensor):
-            own[id(mod)] = own.get(id(mod), 0) + call_macs(mod, args[0], out)
+    def push(mod, args):
+        stack.append(mod)
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (*_CONV, *_CONV_T, nn.Linear))]
+    def pop(mod, args, out):
+        if stack[-1] is mod:
+            stack.pop()
+
+    def counted(fn, macs_of):
+        def wrapper(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            here = stack[-1]
+            own[id(here)] = own.get(id(here), 0) + int(macs_of(out, *args, **kwargs))
+            return out
+        return wrapper
+
+    handles = [h for m in model.modules()
+               for h in (m.register_forward_pre_hook(push), m.register_forward_hook(pop, always_call=True))]
+    patched = [(owner, name, getattr(owner, name)) for owner, name, _ in _FUNCTIONAL]
+    for (owner, name, macs_of), (_, _, fn) in zip(_FUNCTIONAL, patched):
+        setattr(owner, name, counted(fn, macs_of))
     was_training = model.training
     try:
         with torch.no_grad():
             model.eval()(x)
     finally:
+        for owner, name, fn in patched:
+            setattr(owner, name, fn)
         model.train(was_training)
         for h in handles:
             h.remove()

@@ -315,9 +315,9 @@ def test_swin_umamba_decoder_blocks_equal_monai():
     assert torch.allclose(up(y, skip), ref_up(y, skip), atol=1e-6)
 
 
-def test_msb_profile_row_of_hiformer_gives_table3_in_its_module_tree_column(tmp_path: Path):
+def test_msb_profile_row_of_hiformer_gives_table3_in_its_calflops_column(tmp_path: Path):
     """``msb profile --arch hiformer_b --input-size 256`` (the CLI, 3 classes, 1 timed pass): params within 0.5 %
-    and the ``GMACs module tree`` column within 3 % of Table 3 (44.62 M, 25.52); the ``GMACs`` column (conv+linear,
+    and the ``GMACs calflops`` column within 3 % of Table 3 (44.62 M, 25.52); the ``GMACs`` column (conv+linear,
     FlopCounterMode) is the MACs that run, counted independently by forward hooks here (each call once)."""
     from typer.testing import CliRunner
 
@@ -330,7 +330,7 @@ def test_msb_profile_row_of_hiformer_gives_table3_in_its_module_tree_column(tmp_
                                    "1", "--repeats", "1", "--out", str(out), "--format", "csv"])
     assert res.exit_code == 0, res.output
     row = pd.read_csv(out / "profile_cpu.csv").iloc[0]
-    assert abs(row["params_m"] / 44.62 - 1) < 0.005 and abs(row["gmacs_module_tree"] / 25.52 - 1) < 0.03, row
+    assert abs(row["params_m"] / 44.62 - 1) < 0.005 and abs(row["gmacs_calflops"] / 25.52 - 1) < 0.03, row
     model = _meta_model("hiformer_b", 256)
     run = []
     hooks = [m.register_forward_hook(lambda m, a, o: run.append(call_macs(m, a[0], o))) for m in model.modules()]

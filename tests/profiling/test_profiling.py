@@ -138,7 +138,7 @@ def test_profile_row_records_protocol_and_exact_values():
     # calls: 1 FLOP count + 1 module-tree count + warm-up 3 + 5 x 4 timed + 1 memory pass
     assert model.calls == 1 + 1 + 3 + 20 + 1
     assert r["params"] == 3 * 8 * 9 + 8 == 224
-    assert r["gmacs"] == r["gmacs_module_tree"] == 8 * 32 * 32 * 3 * 9 / 1e9  # no module registered twice
+    assert r["gmacs"] == r["gmacs_calflops"] == 8 * 32 * 32 * 3 * 9 / 1e9  # no module registered twice
     assert (r["warmup"], r["timed_passes"], r["repeats"], r["batch_size"]) == (3, 4, 5, 2)
     assert r["precision"] == "fp32" and r["device"] == "cpu" and r["timer"] == "perf_counter"
     assert "forward only" in r["timed_region"] and r["cudnn_benchmark"] is True

@@ -78,3 +78,47 @@ def test_unet_row_is_the_same_both_ways():
     tree = count_tree_macs(model, x)
     assert tree.macs == tree.run_macs == count_flops(model, x).conv_linear_macs
     assert round(tree.macs / 1e9, 2) == 48.18
+
+
+class _Products(nn.Module):
+    """Each product spelling once, inside a child module registered twice (as a list entry and an attribute)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Spellings()
+        self.keep = nn.ModuleList([self.inner])
+
+    def forward(self, a, b):
+        return self.inner(a, b)
+
+
+class _Spellings(nn.Module):
+    def forward(self, a, b):
+        out = torch.matmul(a, b)  # counted: 2·3·4 x 5 = 120
+        out = out + a.matmul(b)  # counted: 120
+        out = out + a @ b  # the @ operator: not counted (as calflops)
+        out = out + torch.bmm(a, b)  # not counted
+        out = out + torch.einsum("bij,bjk->bik", a, b)  # not counted
+        w = torch.ones(5, 5)
+        out = out + torch.baddbmm(out, a, b)  # counted: 2·3·4·5 = 120
+        return torch.nn.functional.linear(out, w)  # counted: out elements 2·3·5 x in 5 = 150
+
+
+def test_functional_products_follow_calflops_scope_and_the_tree():
+    """Hand counts: matmul, Tensor.matmul, baddbmm and F.linear called in a module's forward count (120 + 120 +
+    120 + 150 = 510 MACs), ``@``, bmm and einsum do not; the module is reached twice from the root (its parent and
+    the ModuleList), so the tree total is 2 x 510 while each call ran once."""
+    a, b = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+    model = _Products()
+
+    class _Root(nn.Module):  # count_tree_macs feeds one input; the two operands are fixed here
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, _):
+            return self.m(a, b)
+
+    res = count_tree_macs(_Root(), torch.zeros(1))
+    assert res.run_macs == 510
+    assert res.macs == 2 * 510

@@ -112,8 +112,10 @@ class NonLocal(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, h, w = x.shape
         theta, phi, g = (m(x).reshape(n, c, h * w) for m in (self.theta, self.phi, self.g))
-        attn = torch.softmax(torch.matmul(theta.transpose(1, 2), phi) * c ** -0.5, dim=2)  # (N, HW, HW)
-        y = torch.matmul(g, attn.transpose(1, 2)).reshape(n, c, h, w)
+        # einsum, as the official code writes these two products (a MAC counter that skips einsum, e.g. calflops,
+        # then leaves them out as it did for MSB Table 3's CENet row)
+        attn = torch.softmax(torch.einsum("nci,ncj->nij", theta, phi) * c ** -0.5, dim=2)  # (N, HW, HW)
+        y = torch.einsum("nij,ncj->nci", attn, g).reshape(n, c, h, w)
         return (1 - self.w) * x + self.w * self.bn(self.out(y))
 
 
