@@ -6,14 +6,18 @@ seeds as in the polyp audit's P2: ``split_policy`` ``random(seed=...)``; CV fold
 images, ranks as :func:`msb.analysis.stats.rank_boot.rank_rows`), the share of replicates each system wins, its
 mean ± SD (``ddof = 1``) over replicates, and every pair of systems whose order changes between replicates.
 
-A system here is the model with its study-axis values except ``random_seed`` (``model`` + ``variant`` without
-``random_seed``); a replicate is the combination of ``seed``, ``split_policy`` and ``fold``. Only replicates in
-which every system of the block was evaluated are ranked.
+A system here is the architecture with its study-axis values except the replicate axes (``random_seed``, the
+split seed ``data.split.seed``): the architecture is read from a study run id ``<dataset>-<arch>-<hash8>`` (fold
+token removed, ``-ensemble`` kept), because the counts' ``model`` is the adapter, shared by e.g. ``unet_tiny`` and
+``unet_r18`` (both ``unet``); rows whose run id does not have that form fall back to ``model``. A replicate is the
+combination of ``seed``, ``split_policy`` and ``fold``. Only replicates in which every system of the block was
+evaluated are ranked.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 
 import pandas as pd
 
@@ -23,9 +27,22 @@ from msb.analysis.stats.rank_boot import rank_rows
 __all__ = ["replicate_scores", "seed_stability"]
 
 
-def _system_name(model: str, variant: str) -> str:
-    keep = [t for t in str(variant).split(";") if "=" in t and t.split("=", 1)[0].split(".")[-1] != "random_seed"]
-    return model + ("" if not keep else "[" + ";".join(sorted(keep)) + "]")
+#: Study axes whose values are replicates, not systems (their values are in ``seed`` / ``split_policy``).
+_REPLICATE_AXES: frozenset[str] = frozenset({"random_seed", "data.split.seed"})
+_FOLD_TOKEN = re.compile(r"[-_.]?fold[-_]?\d+", re.IGNORECASE)
+_STUDY_RUN = re.compile(r"^(?P<arch>.+)-[0-9a-f]{8}(?P<ens>-ensemble\d*)?$")
+
+
+def _system_name(model: str, variant: str, run_id: str = "", dataset: str = "") -> str:
+    """``<arch>[<axis>=<value>;...]`` of one counts row: the architecture of a study run id
+    ``<dataset>-<arch>-<hash8>[-ensemble]`` (fold token removed), else ``model``; the variant's axes except
+    :data:`_REPLICATE_AXES`."""
+    rid = _FOLD_TOKEN.sub("", str(run_id))
+    prefix = f"{dataset}-"
+    m = _STUDY_RUN.match(rid[len(prefix):]) if dataset and rid.startswith(prefix) else None
+    name = m.group("arch") + (m.group("ens") or "") if m else str(model)
+    keep = [t for t in str(variant).split(";") if "=" in t and t.split("=", 1)[0] not in _REPLICATE_AXES]
+    return name + ("" if not keep else "[" + ";".join(sorted(keep)) + "]")
 
 
 def replicate_scores(counts: pd.DataFrame, rule: str = "image-macro", metric: str = "dice") -> pd.DataFrame:
@@ -37,7 +54,9 @@ def replicate_scores(counts: pd.DataFrame, rule: str = "image-macro", metric: st
     """
     df = counts.copy()
     var = df["variant"].astype(str) if "variant" in df.columns else pd.Series("", index=df.index)
-    df["_system"] = [_system_name(m, v) for m, v in zip(df["model"].astype(str), var)]
+    df["_system"] = [_system_name(m, v, r, d) for m, v, r, d in zip(df["model"].astype(str), var,
+                                                                      df["run_id"].astype(str),
+                                                                      df["dataset"].astype(str))]
     parts = {"seed": df["seed"].astype(str) if "seed" in df.columns else None,
              "split": df["split_policy"].astype(str) if "split_policy" in df.columns else None,
              "fold": df["fold"].astype(str)}
