@@ -29,13 +29,15 @@ def architecture_catalog(configs_root: Path, params: bool = False, num_classes: 
             NeoPolyp's background + 2 classes counted as 3 maps) and count its parameters (``sum(p.numel())``,
             in millions; slow for the PVT-based models).
         gmacs_at: with ``params``, square input sizes (px) at which to count GMACs per image under the named
-            convention of :mod:`msb.profiling.flops` (convolutions + linear layers, attention products apart);
-            a size the model does not accept gives NaN.
+            convention of :mod:`msb.profiling.flops` (convolutions + linear layers, attention products apart)
+            and in calflops' counting (MSB Table 3's, :mod:`msb.profiling.tree_macs`); a size the model does not
+            accept gives NaN. A model built for one input size (``params.img_size``) is rebuilt at each size.
 
     Returns:
         Columns ``config`` (the name a study's ``architectures:`` uses), ``adapter`` (registry name,
         ``model.arch``), ``encoder``, ``input_size`` (``HxW`` px), ``input_rule`` (multiples of the
-        adapter's ``size_divisor``), and with ``params``: ``params_M``, and ``GMACs_<size>`` per ``gmacs_at``.
+        adapter's ``size_divisor``), and with ``params``: ``params_M``, and per ``gmacs_at`` size ``GMACs_<size>``,
+        ``GMACs_calflops_<size>`` (and ``params_M_<size>`` for a model built for one input size).
 
     Raises:
         MSBError: no ``architectures/`` folder (names the folder and how to pick another).
@@ -54,8 +56,13 @@ def architecture_catalog(configs_root: Path, params: bool = False, num_classes: 
         if params:
             net = _build(model, num_classes)
             row["params_M"] = round(sum(p.numel() for p in net.parameters()) / 1e6, 2)
-            for size in gmacs_at:
-                row[f"GMACs_{size}"] = _gmacs(net, int(size))
+            sized = isinstance((model.get("params") or {}).get("img_size"), (list, tuple))
+            for size in gmacs_at:  # an adapter built for one input size (img_size) is rebuilt at each size
+                at = _build({**model, "params": {**model["params"], "img_size": [int(size)] * 2}}, num_classes) \
+                    if sized else net
+                if sized:
+                    row[f"params_M_{size}"] = round(sum(p.numel() for p in at.parameters()) / 1e6, 2)
+                row[f"GMACs_{size}"], row[f"GMACs_calflops_{size}"] = _gmacs(at, int(size))
             del net
         rows.append(row)
     return pd.DataFrame(rows)
@@ -68,17 +75,22 @@ def _build(model_cfg: dict, num_classes: int):
     return build_model(ModelConfig.model_validate(model_cfg), num_classes)
 
 
-def _gmacs(net, size: int) -> float:
-    """GMACs of ``net`` on one (1, 3, size, size) input under :data:`msb.profiling.flops.CONVENTION`, rounded
-    to 2 decimals; NaN when ``size`` is not a multiple of the model's ``size_divisor``."""
+def _gmacs(net, size: int) -> tuple[float, float]:
+    """GMACs of ``net`` on one (1, 3, size, size) input, rounded to 2 decimals: under
+    :data:`msb.profiling.flops.CONVENTION` (``conv+linear``) and in calflops' counting
+    (:func:`msb.profiling.tree_macs.count_tree_macs`, MSB Table 3's); NaNs when ``size`` is not a multiple of the
+    model's ``size_divisor``. Counted on PyTorch's meta device (shapes only); ``net`` is moved there."""
     import torch
 
     from msb.profiling.flops import count_flops
+    from msb.profiling.tree_macs import count_tree_macs
 
     div = int(getattr(net, "size_divisor", 1) or 1)
     if size % div:
-        return float("nan")
-    return round(count_flops(net, torch.zeros(1, 3, size, size)).gmacs, 2)
+        return float("nan"), float("nan")
+    net.to("meta")
+    x = torch.empty(1, 3, size, size, device="meta")
+    return round(count_flops(net, x).gmacs, 2), round(count_tree_macs(net, x).gmacs, 2)
 
 
 def _architecture_layers(configs_root: Path) -> list[tuple[Path, dict]]:

@@ -39,9 +39,10 @@ def list_models(configs: Path = typer.Option(Path("configs"), help="Configs root
     log = status_log(fmt)
     if params:
         from msb.profiling.flops import CONVENTION_TEXT
+        from msb.profiling.tree_macs import TREE_CONVENTION
 
         log(f"params (M) = sum(p.numel()) / 1e6 at {num_classes} output maps"
-            + (f"; {CONVENTION_TEXT}" if gmacs_at else ""))
+            + (f"; {CONVENTION_TEXT}; GMACs_calflops = {TREE_CONVENTION}" if gmacs_at else ""))
     for name in available_architectures():  # generic adapters (msb/models/generic/) say how a config names them
         example = getattr(architecture_class(name), "config_example", None)
         if example:

@@ -56,3 +56,26 @@ def test_table3_gmacs_in_the_calflops_counting(arch: str, size: int, monkeypatch
     got = count_tree_macs(model, x).gmacs
     want = TABLE3[arch][0 if size == 256 else 1]
     assert abs(got / want - 1) < 0.03, (arch, size, got, want)
+
+
+def test_msb_models_lists_hiformer_at_both_sizes(tmp_path: Path):
+    """``msb models --params --gmacs-at 256 --gmacs-at 512`` on a configs root holding hiformer_b: the model built
+    for one input size is rebuilt at each, so Table 3's two parameter counts (44.62 M at 256², 46.09 M at 512²: the
+    position embeddings grow) and its GMACs (25.52 / 100.03, calflops' counting) are listed; conv+linear beside."""
+    import shutil
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
+
+    (tmp_path / "architectures").mkdir()
+    shutil.copy(REPO / "configs" / "global.yaml", tmp_path)
+    shutil.copy(REPO / "configs" / "architectures" / "hiformer_b.yaml", tmp_path / "architectures")
+    res = CliRunner().invoke(app, ["models", "--configs", str(tmp_path), "--params", "--gmacs-at", "256",
+                                   "--gmacs-at", "512", "--format", "csv"])
+    assert res.exit_code == 0, res.output
+    row = pd.read_csv(__import__("io").StringIO(res.stdout.split("\n\n")[0])).iloc[0]
+    assert (row["params_M_256"], row["params_M_512"]) == (44.62, 46.09)
+    assert (row["GMACs_calflops_256"], row["GMACs_calflops_512"]) == (25.52, 100.03)
+    assert (row["GMACs_256"], row["GMACs_512"]) == (16.70, 64.74)
