@@ -357,13 +357,17 @@ def test_explain_two_images_after_one_flag(trained, tmp_path: Path):
 
 def test_models_lists_the_registry():
     """`msb models`: one row per architecture config (csv when piped), each naming a registered adapter; the last
-    line lists every registry adapter."""
+    line lists every registry adapter. In-process (typer's CliRunner, stdout and stderr captured apart, neither
+    a terminal); the same command as a real piped process: tests/e2e/test_cli_formats_pipes.py."""
     import io
 
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
     from msb.models.registry import available_architectures
 
-    r = msb("models")
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(app, ["models", "--configs", str(REPO / "configs")])
+    assert r.exit_code == 0 and r.exception is None, (r.output, r.exception)
     table, tail = r.stdout, r.stderr.split("registry adapters: ")[1]  # piped: the csv on stdout, notes on stderr
     printed = tail.strip().split(", ")
     assert printed == available_architectures()
