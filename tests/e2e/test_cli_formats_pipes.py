@@ -169,10 +169,11 @@ def test_a_missing_path_is_named(tmp_path: Path, args: tuple[str, ...]):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A project root holding one trained and evaluated 2-epoch run (runs/s/<run>)."""
+    """A project root holding one trained and evaluated 2-epoch run (runs/s/<run>); ``msb run`` in-process (the
+    tests below pipe the commands that read the run, not the training)."""
     root = tmp_path_factory.mktemp("pipes")
     study = _C.write_project(root, STUDY, data_root=root / "data")
-    r = _msb("run", str(study))
+    r = _C.run_msb_in_process("run", str(study))
     assert r.returncode == 0, r.stdout + r.stderr
     return root
 
