@@ -40,6 +40,16 @@ def msb(*args: str, cwd: Path = REPO, timeout: int = 900) -> subprocess.Complete
                           text=True, timeout=timeout)
 
 
+def msb_in_process(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``msb ARGS`` in this process (``run_msb_in_process`` of tests/study/conftest.py: the same typer app, click
+    parsing and output; no interpreter start-up), for the tests about what a command writes or prints rather than
+    about the process (exit status 2 / 130, one error line: those use :func:`msb`)."""
+    spec = importlib.util.spec_from_file_location("_study_conftest_ip", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_msb_in_process(*args, cwd=cwd)
+
+
 def _write_project():
     """``write_project`` of tests/study/conftest.py (loaded by path: test folders are not packages)."""
     spec = importlib.util.spec_from_file_location("_study_conftest", REPO / "tests" / "study" / "conftest.py")
@@ -305,7 +315,7 @@ def test_evaluate_external_dataset(trained):
     project folder): 6 synthetic 40x40 frames, prepared on first use. Rows = images x foreground classes, all
     labelled with the external name; counts recounted from the stored predictions and the external masks."""
     root, _, rd, _ = trained
-    r = msb("evaluate", str(rd), "--external", "synth_ext", "--format", "table", cwd=root)
+    r = msb_in_process("evaluate", str(rd), "--external", "synth_ext", "--format", "table", cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
     ext_dir = rd / "evaluation" / "external" / "synth_ext" / "best"
     counts = pd.read_parquet(ext_dir / "counts.parquet")
@@ -328,7 +338,7 @@ def test_generate_prints_the_hash_of_the_run_config(trained, tmp_path: Path):
     """``msb generate``: the config hash it prints is the SHA-256 of the canonical JSON of the written
     config.yaml without run_root (recomputed with hashlib), and the run is the one ``msb run`` trained."""
     _, study, rd, _ = trained
-    r = msb("generate", str(study), "--run-root", str(tmp_path / "gen"))
+    r = msb_in_process("generate", str(study), "--run-root", str(tmp_path / "gen"))
     assert r.returncode == 0, r.stdout + r.stderr
     written = tmp_path / "gen" / "e2e" / rd.name / "config.yaml"
     cfg = yaml.safe_load(written.read_text())
