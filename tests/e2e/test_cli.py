@@ -253,7 +253,7 @@ def test_metrics_command_hd95_matches_medpy(trained):
     root, _, rd, _ = trained
     data = root / "datasets" / "synthetic"
     assert not list(rd.glob("evaluation/*/metrics.parquet"))  # compute_metrics: false in the run config
-    r = msb("metrics", str(rd), "--format", "table")  # the terminal tables (piped stdout is csv by default)
+    r = msb_in_process("metrics", str(rd), "--format", "table")  # the terminal tables (piped stdout is csv by default)
     assert r.returncode == 0, r.stdout + r.stderr
     n_checked = 0
     tables = _printed_tables(r.stdout)
@@ -291,7 +291,7 @@ def test_metrics_command_card_option(trained):
 
     root, _, rd, _ = trained
     data = root / "datasets" / "synthetic"
-    r = msb("metrics", str(rd), "--card")
+    r = msb_in_process("metrics", str(rd), "--card")
     assert r.returncode == 0, r.stdout + r.stderr
     m = pd.read_parquet(rd / "evaluation" / "best" / "metrics.parquet")
     assert {"hd95", "card_hd95_as_written", "card_dice_as_written", "card_hd95_refused"} <= set(m.columns)
