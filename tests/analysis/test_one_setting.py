@@ -6,8 +6,6 @@ test with a hand-written Benjamini-Hochberg adjustment."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +44,15 @@ def _study(root: Path) -> Path:
     return study
 
 
-def _msb(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "msb", *args], capture_output=True, text=True, timeout=600,
-                       env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "COLUMNS": "200",
-                            "PYTHONPATH": str(REPO)})
-    assert r.returncode == 0, r.stdout + r.stderr
+def _msb(*args: str):
+    """``msb ARGS`` in-process (typer's CliRunner: no interpreter start-up per call); exit status 0 asserted.
+    Returns the click Result (``.stdout``: what the command printed on stdout)."""
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
+
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and r.exception is None, (r.output, r.exception)
     return r
 
 

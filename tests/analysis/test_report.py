@@ -34,6 +34,20 @@ def msb(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def msb_inproc(*args: str):
+    """``msb ARGS`` in-process (typer's CliRunner, stdout not a terminal, 200 columns): for the tests about what a
+    command writes, not about the process (its exit status and error line are checked with :func:`msb`). Returns
+    the click Result; ``returncode`` mirrors its exit code for the shared assertions."""
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
+
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    assert r.exception is None or isinstance(r.exception, SystemExit), (r.output, r.exception)
+    r.returncode = r.exit_code
+    return r
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
     from msb.study.pipeline import run_study
@@ -97,7 +111,7 @@ def test_report_template_escapes_every_text(tmp_path: Path):
 
 
 def test_report_has_every_section_figure_and_checklist_item(study: Path):
-    r = msb("report", str(study), "--bootstrap", "300")
+    r = msb_inproc("report", str(study), "--bootstrap", "300")
     assert r.returncode == 0, r.stdout + r.stderr
     out = study / "report"
     html = (out / "report.html").read_text(encoding="utf-8")
@@ -313,7 +327,7 @@ def test_wilcoxon_of_two_different_systems_matches_scipy(tmp_path: Path):
 
 def test_reaggregate_extended_options(study: Path, tmp_path: Path):
     out = tmp_path / "scores"
-    r = msb("reaggregate", str(study), "--rules", "all", "--bootstrap", "200", "--compare", "--population",
+    r = msb_inproc("reaggregate", str(study), "--rules", "all", "--bootstrap", "200", "--compare", "--population",
             "source:synthetic", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Ranking sensitivity" in r.stdout and "Paired tests" in r.stdout
@@ -327,7 +341,7 @@ def test_reaggregate_extended_options(study: Path, tmp_path: Path):
     for name in ("wilcoxon", "paired_differences", "ranking_sensitivity"):
         assert len(pd.read_csv(out / f"{name}.csv")) > 0
     # without the new options the command behaves as before (basic rules, no CI columns)
-    r = msb("reaggregate", str(study), "--out", str(tmp_path / "plain"))
+    r = msb_inproc("reaggregate", str(study), "--out", str(tmp_path / "plain"))
     assert r.returncode == 0, r.stderr
     plain = pd.read_csv(tmp_path / "plain" / "scores.csv")
     assert "ci_low" not in plain.columns and set(plain["aggregation"]) == {"global-micro", "image-macro",

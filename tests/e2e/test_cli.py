@@ -40,6 +40,16 @@ def msb(*args: str, cwd: Path = REPO, timeout: int = 900) -> subprocess.Complete
                           text=True, timeout=timeout)
 
 
+def msb_in_process(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``msb ARGS`` in this process (``run_msb_in_process`` of tests/study/conftest.py: the same typer app, click
+    parsing and output; no interpreter start-up), for the tests about what a command writes or prints rather than
+    about the process (exit status 2 / 130, one error line: those use :func:`msb`)."""
+    spec = importlib.util.spec_from_file_location("_study_conftest_ip", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_msb_in_process(*args, cwd=cwd)
+
+
 def _write_project():
     """``write_project`` of tests/study/conftest.py (loaded by path: test folders are not packages)."""
     spec = importlib.util.spec_from_file_location("_study_conftest", REPO / "tests" / "study" / "conftest.py")
@@ -243,7 +253,7 @@ def test_metrics_command_hd95_matches_medpy(trained):
     root, _, rd, _ = trained
     data = root / "datasets" / "synthetic"
     assert not list(rd.glob("evaluation/*/metrics.parquet"))  # compute_metrics: false in the run config
-    r = msb("metrics", str(rd), "--format", "table")  # the terminal tables (piped stdout is csv by default)
+    r = msb_in_process("metrics", str(rd), "--format", "table")  # the terminal tables (piped stdout is csv by default)
     assert r.returncode == 0, r.stdout + r.stderr
     n_checked = 0
     tables = _printed_tables(r.stdout)
@@ -281,7 +291,7 @@ def test_metrics_command_card_option(trained):
 
     root, _, rd, _ = trained
     data = root / "datasets" / "synthetic"
-    r = msb("metrics", str(rd), "--card")
+    r = msb_in_process("metrics", str(rd), "--card")
     assert r.returncode == 0, r.stdout + r.stderr
     m = pd.read_parquet(rd / "evaluation" / "best" / "metrics.parquet")
     assert {"hd95", "card_hd95_as_written", "card_dice_as_written", "card_hd95_refused"} <= set(m.columns)
@@ -305,7 +315,7 @@ def test_evaluate_external_dataset(trained):
     project folder): 6 synthetic 40x40 frames, prepared on first use. Rows = images x foreground classes, all
     labelled with the external name; counts recounted from the stored predictions and the external masks."""
     root, _, rd, _ = trained
-    r = msb("evaluate", str(rd), "--external", "synth_ext", "--format", "table", cwd=root)
+    r = msb_in_process("evaluate", str(rd), "--external", "synth_ext", "--format", "table", cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
     ext_dir = rd / "evaluation" / "external" / "synth_ext" / "best"
     counts = pd.read_parquet(ext_dir / "counts.parquet")
@@ -328,7 +338,7 @@ def test_generate_prints_the_hash_of_the_run_config(trained, tmp_path: Path):
     """``msb generate``: the config hash it prints is the SHA-256 of the canonical JSON of the written
     config.yaml without run_root (recomputed with hashlib), and the run is the one ``msb run`` trained."""
     _, study, rd, _ = trained
-    r = msb("generate", str(study), "--run-root", str(tmp_path / "gen"))
+    r = msb_in_process("generate", str(study), "--run-root", str(tmp_path / "gen"))
     assert r.returncode == 0, r.stdout + r.stderr
     written = tmp_path / "gen" / "e2e" / rd.name / "config.yaml"
     cfg = yaml.safe_load(written.read_text())
@@ -357,13 +367,17 @@ def test_explain_two_images_after_one_flag(trained, tmp_path: Path):
 
 def test_models_lists_the_registry():
     """`msb models`: one row per architecture config (csv when piped), each naming a registered adapter; the last
-    line lists every registry adapter."""
+    line lists every registry adapter. In-process (typer's CliRunner, stdout and stderr captured apart, neither
+    a terminal); the same command as a real piped process: tests/e2e/test_cli_formats_pipes.py."""
     import io
 
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
     from msb.models.registry import available_architectures
 
-    r = msb("models")
-    assert r.returncode == 0, r.stderr
+    r = CliRunner().invoke(app, ["models", "--configs", str(REPO / "configs")])
+    assert r.exit_code == 0 and r.exception is None, (r.output, r.exception)
     table, tail = r.stdout, r.stderr.split("registry adapters: ")[1]  # piped: the csv on stdout, notes on stderr
     printed = tail.strip().split(", ")
     assert printed == available_architectures()

@@ -63,10 +63,15 @@ def test_help_shows_no_bool_type_on_flags():
 
 
 def test_models_lists_the_architecture_configs():
+    """In-process (typer's CliRunner; the catalogue's content is checked here, a real piped ``msb models`` process
+    in tests/e2e/test_cli_formats_pipes.py)."""
     import yaml
+    from typer.testing import CliRunner
 
-    r = _msb("models", "--format", "csv")
-    assert r.returncode == 0, r.stderr
+    from msb.cli.app import app
+
+    r = CliRunner().invoke(app, ["models", "--format", "csv", "--configs", str(REPO / "configs")])
+    assert r.exit_code == 0 and r.exception is None, (r.output, r.exception)
     shown = pd.read_csv(io.StringIO(r.stdout.split("registry adapters:")[0])).set_index("config")
     names = sorted(p.stem for p in (REPO / "configs" / "architectures").glob("*.yaml"))
     assert sorted(shown.index) == names

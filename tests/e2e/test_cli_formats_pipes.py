@@ -55,11 +55,14 @@ def _same_cell(a, b) -> bool:
     return str(a) == str(b)
 
 
-def _csv_and_json(*args: str, cwd: Path = REPO, unstable: tuple[str, ...] = ()) -> pd.DataFrame:
+def _csv_and_json(*args: str, cwd: Path = REPO, unstable: tuple[str, ...] = (),
+                  runs: list | None = None) -> pd.DataFrame:
     """Run ``msb ARGS`` piped (default format: csv) and with ``--format json``; both exit 0, stdout parses, and
     they hold the same columns, rows and values (numbers equal; ``unstable`` columns, e.g. timings, only
-    present). Returns the CSV frame."""
+    present). Returns the CSV frame; the piped (csv) CompletedProcess is appended to ``runs`` when given."""
     r = _msb(*args, cwd=cwd)
+    if runs is not None:
+        runs.append(r)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "│" not in r.stdout and "┃" not in r.stdout  # no rich box table in a pipe
     csv = pd.read_csv(io.StringIO(r.stdout))
@@ -94,9 +97,10 @@ def test_weights_list_every_shipped_config(tmp_path: Path):
 
 
 def test_models_stdout_is_pure_data():
-    r = _msb("models")
+    runs: list = []
+    csv = _csv_and_json("models", runs=runs)  # the piped run of `msb models` is checked for its stderr too
+    (r,) = runs
     assert r.returncode == 0 and "registry adapters:" in r.stderr and "registry adapters:" not in r.stdout
-    csv = _csv_and_json("models")
     assert sorted(csv["config"]) == sorted(p.stem for p in (REPO / "configs" / "architectures").glob("*.yaml"))
 
 
@@ -165,10 +169,11 @@ def test_a_missing_path_is_named(tmp_path: Path, args: tuple[str, ...]):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A project root holding one trained and evaluated 2-epoch run (runs/s/<run>)."""
+    """A project root holding one trained and evaluated 2-epoch run (runs/s/<run>); ``msb run`` in-process (the
+    tests below pipe the commands that read the run, not the training)."""
     root = tmp_path_factory.mktemp("pipes")
     study = _C.write_project(root, STUDY, data_root=root / "data")
-    r = _msb("run", str(study))
+    r = _C.run_msb_in_process("run", str(study))
     assert r.returncode == 0, r.stdout + r.stderr
     return root
 

@@ -8,10 +8,8 @@ profile table (c), the strict-majority vote of the stored fold masks for the ens
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,10 +28,12 @@ STUDY_FILE = REPO / "configs" / "protocols" / "msb_case_study_ci.yaml"
 def study(tmp_path_factory) -> Path:
     """Run the CI study in a temporary folder (datasets/ and runs/ are created there, never in the repo)."""
     work = tmp_path_factory.mktemp("case_study_ci")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", COLUMNS="200",
-               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "msb", "run", str(STUDY_FILE), "--run-root", str(work / "runs")],
-                       cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    # in-process (the same typer app as the ``msb`` command, one torch thread, working folder ``work``): the tests
+    # read what the run writes, so no interpreter start-up and torch/timm/smp import
+    spec = importlib.util.spec_from_file_location("_study_conftest_case", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.run_msb_in_process("run", str(STUDY_FILE), "--run-root", str(work / "runs"), cwd=work)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "protocol analyses (ranking_sensitivity, resolution_delta, efficiency, external_transfer, checklist) " \
            "written to" in r.stdout + r.stderr

@@ -6,9 +6,6 @@ recomputed from counts.parquet with pandas, and one paired difference and its CI
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +18,14 @@ CI_STUDY = REPO / "configs" / "protocols" / "semi_supervised_ci.yaml"
 N_BOOT, SEED = 500, 7
 
 
-def msb(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python -m msb ARGS`` (captured; offline, one OpenMP thread)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "msb", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def _run_in_process():
+    """``run_msb_in_process`` of tests/study/conftest.py (loaded by path: test folders are not packages)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_study_conftest_semi", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_msb_in_process
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,13 @@ def ci_study(tmp_path_factory) -> tuple[Path, Path, dict]:
     study = tmp / "semi_supervised_ci.yaml"
     study.write_text(yaml.safe_dump({"_base_": str(CI_STUDY), "configs_root": str(REPO / "configs"),
                                      "overrides": {"data": {"root": str(tmp / "datasets" / "synthetic")}}}))
-    r = msb("run", str(study), "--run-root", str(tmp / "runs"))
+    # both commands in-process (the same typer app as the ``msb`` command, one torch thread): the tests read
+    # what they write, so no interpreter start-up and torch/timm/smp import per command
+    r = _run_in_process()("run", str(study), "--run-root", str(tmp / "runs"))
     assert r.returncode == 0, r.stdout + r.stderr
     out = tmp / "analysis"
-    r = msb("reaggregate", str(tmp / "runs" / "semi_supervised_ci"), "--analyses", "semi_supervised", "--out",
-            str(out), "--bootstrap", str(N_BOOT), "--seed", str(SEED))
+    r = _run_in_process()("reaggregate", str(tmp / "runs" / "semi_supervised_ci"), "--analyses", "semi_supervised",
+                          "--out", str(out), "--bootstrap", str(N_BOOT), "--seed", str(SEED))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Paired differences method − supervised-only" in r.stdout
     return tmp / "runs" / "semi_supervised_ci", out, yaml.safe_load(CI_STUDY.read_text())["axes"]

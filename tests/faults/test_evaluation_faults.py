@@ -41,6 +41,14 @@ def _write_project():
     return mod.write_project
 
 
+def _run_in_process():
+    """``run_msb_in_process`` of tests/study/conftest.py."""
+    spec = importlib.util.spec_from_file_location("_study_conftest_faults_ip", REPO / "tests" / "study" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.run_msb_in_process
+
+
 def msb(*args: str, cwd: Path = REPO, kill_at: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python -m msb ARGS`` (offline, one thread); ``kill_at`` sets ``MSB_FAULT_KILL_AT``."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -90,14 +98,15 @@ def counts_table(eval_dir: Path) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A tiny trained project (best checkpoint evaluated, no metrics.parquet) with an external evaluation on
-    ``synth_ext`` (6 frames, 40x40). Returns the project root; tests copy it with :func:`copy_project`."""
+    ``synth_ext`` (6 frames, 40x40). Returns the project root; tests copy it with :func:`copy_project`. Both
+    commands run in-process (the fixture needs their files; the faults are injected into subprocesses below)."""
     root = tmp_path_factory.mktemp("faults")
     study = _write_project()(root, {"study": "faults", "overrides": {"evaluation": {
         "checkpoint": "best", "compute_metrics": False}}})
-    r = msb("run", str(study))
+    r = _run_in_process()("run", str(study))
     assert r.returncode == 0, r.stdout + r.stderr
     (rd,) = run_dirs(root)
-    r = msb("evaluate", str(rd), "--external", "synth_ext", cwd=root)
+    r = _run_in_process()("evaluate", str(rd), "--external", "synth_ext", cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
     return root
 

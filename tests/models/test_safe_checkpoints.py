@@ -83,10 +83,11 @@ def _full_unpickler_creates(data: bytes, marker: Path, tmp: Path) -> bool:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """A project root holding one trained and evaluated run (runs/s/<run>)."""
+    """A project root holding one trained and evaluated run (runs/s/<run>); ``msb run`` in-process (the tests run
+    the commands that read or refuse its files as subprocesses)."""
     root = tmp_path_factory.mktemp("safe")
     study = _C.write_project(root, STUDY, data_root=root / "data")
-    r = _msb("run", str(study))
+    r = _C.run_msb_in_process("run", str(study))
     assert r.returncode == 0, r.stdout + r.stderr
     return root
 

@@ -84,6 +84,32 @@ def run_msb(*args: str, timeout: int = 600, cwd: Path = REPO) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
+def run_msb_in_process(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """``msb ARGS`` in this process (typer's CliRunner through the same typer app as the ``msb`` command; one torch
+    thread as :func:`msb_env` gives a subprocess; working folder ``cwd`` during the call), for fixtures that only
+    need what a command writes (a trained run), not the process: no interpreter start-up and no torch/timm/smp
+    import per call. Returns a CompletedProcess (returncode = the exit code; 1 with the traceback on stderr when
+    the command raised)."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from msb.cli.app import app
+
+    n, before = torch.get_num_threads(), Path.cwd()
+    torch.set_num_threads(1)
+    try:
+        os.chdir(cwd)
+        r = CliRunner().invoke(app, list(args), env={"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    finally:
+        os.chdir(before)
+        torch.set_num_threads(n)
+    err = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        err += "".join(traceback.format_exception(r.exception))
+    return subprocess.CompletedProcess(["msb", *args], r.exit_code, r.stdout, err)
+
+
 def popen_msb(*args: str, log: Path, cwd: Path = REPO) -> subprocess.Popen:
     """Start ``python -m msb ARGS`` in the background, stdout+stderr to ``log``."""
     f = open(log, "w")
