@@ -109,7 +109,7 @@ def test_profile_formats(tmp_path: Path):
                         "1", "--repeats", "1", "--out", str(tmp_path / "prof"),
                         unstable=("latency ms (median)", "latency ms (SD)", "images/s", "peak MiB"))
     assert list(csv.columns) == ["model", "input", "precision", "params (M)", "GMACs", "GMACs attention",
-                                 "latency ms (median)", "latency ms (SD)", "images/s", "peak MiB", "status"]
+                                 "GMACs calflops", "latency ms (median)", "latency ms (SD)", "images/s", "peak MiB", "status"]
     assert csv["input"].tolist() == ["32x32"] and csv["params (M)"].dtype.kind == "f"
 
 
