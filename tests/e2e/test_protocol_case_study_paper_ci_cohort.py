@@ -102,15 +102,16 @@ def test_leaderboard_lists_the_eleven(cohort):
     """The closing leaderboard (CSV on stdout) names all eleven: a row per system, ranked by image-macro Dice (the
     mean over classes of the mean over images of 2tp / (2tp + fp + fn), 0/0 rows skipped, recomputed here from the
     counts), or, for a system whose counts equal a listed one's on every image x class (after one epoch several
-    networks may predict the same empty masks), the line "A is identical to B ... shown once, as B", checked
-    against the two counts files."""
+    networks may predict the same empty masks), the line "A is identical to B ... shown once, as B" (or "A, C are
+    identical to B ..."), checked against the counts files."""
     study, _, stdout = cohort
     lines = stdout.splitlines()
     start = lines.index("rank,system,image-macro Dice,global-micro Dice,images")
     end = next(i for i in range(start + 1, len(lines)) if not re.match(r"^\d+,[^,]+,[0-9.]+,[0-9.]+,\d+$", lines[i]))
     board = pd.read_csv(io.StringIO("\n".join(lines[start:end])))
     listed = {s.rsplit("-", 1)[0]: s for s in board["system"]}
-    same = dict(re.findall(r"^(\S+) is identical to (\S+) \(identical counts", stdout, flags=re.M))
+    same = {dup: kept for dups, kept in re.findall(r"^(\S+(?:, \S+)*) (?:is|are) identical to (\S+) \(identical "
+                                                   r"counts", stdout, flags=re.M) for dup in dups.split(", ")}
     runs = _runs(study)
     key = ["image_id", "class_id", "tp", "fp", "fn", "tn"]
 

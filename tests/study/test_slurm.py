@@ -224,7 +224,8 @@ def test_job_array_of_two_workers_scancel_status_and_plain_run_equal(tmp_path: P
         t0 = time.monotonic()
         while True:
             st = study_status(sdir, PG_URL) if (sdir / "_study").is_dir() else None
-            if st is not None and len({r.worker for r in st.running}) == 2:
+            # a trial just asked for shows worker "-" until its worker has written its name: wait for both names
+            if st is not None and {f"slurm {job}_0", f"slurm {job}_1"} <= {r.worker for r in st.running}:
                 break
             assert time.monotonic() - t0 < 180, (_squeue(job), st and st.as_dict())
             time.sleep(0.2)
