@@ -118,8 +118,8 @@ class TreeMacs:
 
     Attributes:
         macs: MACs summed over the module tree by registered name (int).
-        run_macs: MACs of the conv/linear calls that ran, each once (int; = ``conv+linear`` for models whose
-            convolutions and linear layers are all modules).
+        run_macs: MACs of the counted calls that ran, each once (int; = ``conv+linear`` for a model without
+            ``torch.matmul`` / ``addmm`` / ``baddbmm`` calls).
         registrations: the ``{submodule path: number of names}`` that was applied.
     """
 
@@ -139,7 +139,8 @@ class TreeMacs:
 
 
 def count_tree_macs(model: nn.Module, x: torch.Tensor, registrations: Mapping[str, int] | None = None) -> TreeMacs:
-    """Conv/linear MACs of ``model(x)`` summed over ``children()`` from the root, as calflops totals them.
+    """MACs of ``model(x)`` in calflops' scope (``F.linear``, ``F.conv*``, ``torch.matmul``, ``Tensor.matmul``,
+    ``addmm``, ``baddbmm`` calls; module docstring) summed over ``children()`` from the root, as calflops totals them.
 
     Args:
         model: any module (run in eval mode without gradients; its training flag is restored).

@@ -162,7 +162,6 @@ class _Counts:
     """
 
     def __init__(self, rows: int, n: int) -> None:
-        self.n = n
         self.offsets = (np.arange(rows, dtype=np.int64) * n)[:, None]
         self.flat = np.empty((rows, n), np.int64)
         self.weights = np.empty((rows, n))
