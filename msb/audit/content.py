@@ -24,8 +24,8 @@ Masks (``True`` = content; ``S x S`` in the normalised coordinates of the ``S x 
   own border.
 
 Fingerprints on the content (:func:`content_fingerprints`; one more decode per image): the screen thumbnail is
-the whole grey image (PIL ``convert("L")``) resized to ``S x S`` with OpenCV ``INTER_AREA``, as in
-:mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are
+the whole grey image (PIL ``convert("L")``) resized to ``S x S`` by area mean
+(:func:`msb.audit.area.area_thumbnail`), as in :mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are
 imagehash's (bit for bit: the batched path of :mod:`msb.audit.hashing`) of the grey image cropped to the content crop, the dataset mask's
 left-out pixels there (nearest-neighbour upsampled) set to the mean grey of its content pixels (the image mask
 is not used for the hashes: two copies of one frame with slightly different JPEG noise could lose different
@@ -47,6 +47,7 @@ from PIL import Image, UnidentifiedImageError
 from scipy import ndimage
 from threadpoolctl import threadpool_limits
 
+from msb.audit.area import area_thumbnail
 from msb.audit.hashing import batch_hashes, lanczos_hash_inputs
 from msb.errors import MSBError
 
@@ -215,7 +216,7 @@ def _content_one(path: str, fov: FovMask, size: int, box: tuple[int, int, int, i
     except (OSError, UnidentifiedImageError, ValueError) as e:
         return f"{path}: cannot decode image ({e})"
     h, w = grey.shape
-    thumb = cv2.resize(grey, (size, size), interpolation=cv2.INTER_AREA)
+    thumb = area_thumbnail(grey, size)
     m = _image_mask(thumb, fov.mask, FOV_DEFAULTS["dark_max"]) if fov.per_image else fov.mask.copy()
     if not m.any():
         m = fov.mask.copy()

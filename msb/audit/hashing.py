@@ -11,8 +11,9 @@ PIL's ``convert("L")``, i.e. ITU-R 601-2 luma ``L = R*299/1000 + G*587/1000 + B*
   than its left neighbour (N. Krawetz, "Kind of like that", hackerfactor.com, 2013);
 * both hashes are packed row-major, first bit most significant, into one ``uint64``; ``f"{h:016x}"`` equals
   ``str(imagehash_object)``, so values can be checked against imagehash directly;
-* ``thumb``: the grey image resized to ``thumb_size x thumb_size`` px with OpenCV ``INTER_AREA`` (aspect
-  ratio not kept), ``uint8``, used by the pixel screens (:mod:`msb.audit.screens`).
+* ``thumb``: the grey image resized to ``thumb_size x thumb_size`` px by area mean (OpenCV ``INTER_AREA``'s
+  cells, the mean computed exactly and rounded half to even: :func:`msb.audit.area.area_thumbnail`; aspect ratio not
+  kept), ``uint8``, used by the pixel screens (:mod:`msb.audit.screens`).
 
 How it is fast and still bit-identical to imagehash (``scripts/bench_audit.py`` checks both):
 
@@ -20,6 +21,8 @@ How it is fast and still bit-identical to imagehash (``scripts/bench_audit.py`` 
   (:mod:`msb.audit.lanczos`); if the installed Pillow ever differs, PIL's own resize is used;
 * the DCT of all 32x32 thumbnails is one batched ``scipy.fftpack.dct`` call (the transform imagehash calls,
   applied per 1-D line, so stacking does not change a coefficient), the medians one ``np.median`` call;
+* the thumbnail is banded float64 products of integers too (:mod:`msb.audit.area`), reading the same float64
+  copy of the grey image as the LANCZOS products while it is still in cache;
 * decoding, the resizes and the thumbnail run in ``workers`` threads for small sets (PIL, BLAS and OpenCV
   release the GIL; no process start-up, nothing to pickle) and in ``workers`` processes from
   :data:`PROCESS_FROM` images (forked; 2,000 where they must be spawned), where the Python part of each
@@ -46,7 +49,9 @@ import scipy.fftpack
 from PIL import Image, UnidentifiedImageError
 from threadpoolctl import threadpool_limits
 
-from msb.audit.lanczos import fast_resize_matches_pillow, lanczos_hash_inputs, lanczos_matrix, pillow_lanczos
+from msb.audit.area import area_thumbnail
+from msb.audit.lanczos import (fast_resize_matches_pillow, float_buffer, lanczos_hash_inputs, lanczos_matrix,
+                               pillow_lanczos)
 from msb.errors import MSBError
 
 HASH_SIZE = 8
@@ -133,10 +138,10 @@ def _decode(path: str | os.PathLike, thumb_size: int) -> _Decoded:
             grey = np.asarray(im.convert("L"))
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise MSBError(f"{path}: cannot decode image ({e}). Replace the file or remove its row.") from e
-    p32, d98 = lanczos_hash_inputs(grey)
-    thumb = cv2.resize(grey, (thumb_size, thumb_size), interpolation=cv2.INTER_AREA)
-    return _Decoded(hashlib.sha256(data).hexdigest(), int(h), int(w), len(data),
-                    np.ascontiguousarray(thumb, dtype=np.uint8), p32, d98)
+    g = float_buffer(grey)  # one float64 copy, read by both resizes while in cache
+    p32, d98 = lanczos_hash_inputs(grey, g)
+    thumb = area_thumbnail(grey, thumb_size, g)
+    return _Decoded(hashlib.sha256(data).hexdigest(), int(h), int(w), len(data), thumb, p32, d98)
 
 
 def fingerprint(path: str | os.PathLike, thumb_size: int = DEFAULT_THUMB) -> ImageFingerprint:

@@ -157,11 +157,12 @@ def pillow_lanczos(grey: np.ndarray, width: int, height: int, order: str | None 
     return _vertical(t, height) if h != height else t
 
 
-def lanczos_hash_inputs(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lanczos_hash_inputs(grey: np.ndarray, g: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The pHash (32x32) and dHash (9 wide x 8 high) LANCZOS inputs of one grey image, bit-identical to PIL.
 
     Args:
         grey: ``(H, W)`` ``uint8`` grey image.
+        g: optional float64 copy of ``grey`` (e.g. :func:`float_buffer`'s) to read instead of converting again.
 
     Returns:
         ``(32, 32)`` and ``(8, 9)`` float64 arrays of integers in ``[0, 255]``. Uses :func:`pillow_lanczos`
@@ -174,7 +175,7 @@ def lanczos_hash_inputs(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return (np.asarray(im.resize((PHASH_SIDE, PHASH_SIDE), _LANCZOS), np.float64),
                 np.asarray(im.resize(DHASH_SIZE, _LANCZOS), np.float64))
     h, w = grey.shape
-    g = _as_float(grey)
+    g = float_buffer(grey) if g is None else g
     if max(h, w) < _BANDED_FROM and (_vertical_first(h, w, PHASH_SIDE, PHASH_SIDE)
                                      == _vertical_first(h, w, DHASH_SIZE[1], DHASH_SIZE[0])):
         return _joint_lanczos(g)
@@ -184,9 +185,10 @@ def lanczos_hash_inputs(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 _BUFFERS = threading.local()
 
 
-def _as_float(grey: np.ndarray) -> np.ndarray:
-    """``grey`` as float64 in this thread's reusable buffer (valid until the thread's next call): a fresh
-    multi-megabyte array per image would be ``mmap``-ed and page-faulted anew in every worker thread."""
+def float_buffer(grey: np.ndarray) -> np.ndarray:
+    """``grey`` (``(H, W)``, any real dtype) copied into this thread's reusable float64 buffer, as an ``(H, W)``
+    view valid until the thread's next call: a fresh multi-megabyte array per image would be ``mmap``-ed and
+    page-faulted anew in every worker thread, and the resizes that follow read it while it is still in cache."""
     size = grey.size
     buf = getattr(_BUFFERS, "buf", None)
     if buf is None or buf.size < size:
@@ -252,5 +254,5 @@ def fast_resize_matches_pillow() -> bool:
     return False
 
 
-__all__ = ["lanczos_matrix", "pillow_lanczos", "lanczos_hash_inputs", "fast_resize_matches_pillow", "PHASH_SIDE",
-           "DHASH_SIZE"]
+__all__ = ["lanczos_matrix", "pillow_lanczos", "lanczos_hash_inputs", "fast_resize_matches_pillow", "float_buffer",
+           "PHASH_SIDE", "DHASH_SIZE"]

@@ -1,7 +1,8 @@
 """Pixel screens for candidate pairs: normalised cross-correlation (NCC) and SSIM on grey thumbnails.
 
 Both work on the ``S x S`` ``uint8`` grey thumbnails of :mod:`msb.audit.hashing` (PIL ``convert("L")``, then
-OpenCV ``INTER_AREA`` resize to ``S x S`` px, aspect ratio not kept; ``S = 64`` by default). The resolution and
+the exact area mean of OpenCV's ``INTER_AREA`` (:mod:`msb.audit.area`) to ``S x S`` px, aspect ratio not kept;
+``S = 64`` by default). The resolution and
 interpolation are recorded with every result (:data:`SCREEN_DESCRIPTION`).
 
 * NCC: zero-normalised cross-correlation at zero displacement, i.e. the Pearson correlation of the two
@@ -28,7 +29,8 @@ SSIM_PARAMS = {"data_range": 255, "win_size": 7, "gaussian_weights": False, "K1"
 
 def screen_description(size: int) -> str:
     """Text recorded with screen results: resolution, interpolation and the two measures."""
-    return (f"grey (PIL convert('L')) thumbnails {size}x{size} px, OpenCV INTER_AREA resize (aspect ratio not kept); "
+    return (f"grey (PIL convert('L')) thumbnails {size}x{size} px, area-mean resize (OpenCV INTER_AREA's cells, "
+            f"exact mean rounded half to even; aspect ratio not kept); "
             f"NCC = Pearson correlation of pixel values; SSIM = skimage structural_similarity(data_range=255, "
             f"7x7 uniform window, K1=0.01, K2=0.03)")
 

@@ -35,7 +35,7 @@ def audit(dataset: Path = typer.Argument(..., help="Prepared dataset folder."),
                                                                  "group column)."),
           hamming_k: int = typer.Option(8, help="Candidate pair: pHash or dHash Hamming distance <= k (of 64 bits)."),
           screens: bool = typer.Option(True, help="Pixel screens (NCC, SSIM) on candidate pairs."),
-          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, INTER_AREA)."),
+          screen_size: int = typer.Option(64, help="Screen thumbnail side in px (grey, area mean as INTER_AREA)."),
           ncc_min: Optional[float] = typer.Option(0.95, help="Confirm a candidate when NCC >= this (-1: no check)."),
           ssim_min: Optional[float] = typer.Option(None, help="Also require SSIM >= this."),
           fov: str = typer.Option("auto", help="Screens on the content: auto (leave out what is constant across "

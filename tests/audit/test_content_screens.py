@@ -7,8 +7,9 @@ text, shared by 3/4 of the frames) -- the content as is, 6 grey levels brighter,
 and one under border B (a different black frame, no overlay). Same video = same content; different videos =
 different content.
 
-Independent references: NCC recomputed with ``np.corrcoef`` on OpenCV ``INTER_AREA`` thumbnails of PIL's grey
-image (a plain loop over all 276 pairs); masked NCC/SSIM against NumPy/skimage loops on random arrays.
+Independent references: NCC recomputed with ``np.corrcoef`` on area-mean thumbnails of PIL's grey image, each
+pixel the exact mean of its cell computed by repeating every pixel 64 times along each axis and summing blocks
+(a plain loop over all 276 pairs); masked NCC/SSIM against NumPy/skimage loops on random arrays.
 """
 
 from __future__ import annotations
@@ -93,11 +94,21 @@ def framed(shared_dir: Path, tmp_path_factory) -> Path:
     return root
 
 
+def area_mean_by_repetition(grey: np.ndarray, size: int) -> np.ndarray:
+    """Independent area-mean thumbnail: each pixel repeated ``size`` times along both axes, so cell ``(r, c)`` is a
+    block of ``H x W`` samples; the block sums (integers) over ``H W``, rounded half to even (``np.round`` of the
+    exact fraction: a tie ``k + 1/2`` is a float exactly)."""
+    h, w = grey.shape
+    rows = np.repeat(grey.astype(np.int64), size, axis=0).reshape(size, h, w).sum(axis=1)  # (size, w)
+    sums = np.repeat(rows, size, axis=1).reshape(size, size, w).sum(axis=2)  # (size, size)
+    return np.round(sums / (h * w)).astype(np.uint8)
+
+
 def _whole_frame_ncc(root: Path) -> dict[tuple[str, str], float]:
-    """Independent: Pearson correlation of 64x64 INTER_AREA thumbnails of PIL's grey image, every pair."""
+    """Independent: Pearson correlation of 64x64 area-mean thumbnails of PIL's grey image, every pair."""
     ids = sorted(p.stem for p in (root / "images").glob("*.png"))
-    th = {s: cv2.resize(np.asarray(Image.open(root / "images" / f"{s}.png").convert("L")), (64, 64),
-                        interpolation=cv2.INTER_AREA).astype(float).ravel() for s in ids}
+    th = {s: area_mean_by_repetition(np.asarray(Image.open(root / "images" / f"{s}.png").convert("L")), 64)
+          .astype(float).ravel() for s in ids}
     return {(a, b): float(np.corrcoef(th[a], th[b])[0, 1]) for a, b in combinations(ids, 2)}
 
 
