@@ -39,6 +39,19 @@ def test_area_thumbnail_equals_cell_means_by_repetition(h: int, w: int, size: in
     assert np.array_equal(got, area_mean_by_repetition(grey, size))
 
 
+@pytest.mark.parametrize("h,w", [(128, 128), (192, 128), (96, 128), (512, 320), (384, 256)])
+def test_exact_ties_on_both_paths(h: int, w: int) -> None:
+    # two grey levels, cells of an even number of (whole or halved) pixels: many means are exactly k + 1/2
+    # (below 256 px: OpenCV's float64 means and the exact recomputation of the ties)
+    rng = np.random.default_rng(h + w)
+    grey = (rng.random((h, w)) < 0.5).astype(np.uint8) * np.uint8(rng.integers(1, 4))
+    ref = area_mean_by_repetition(grey, 64)
+    rows = np.repeat(grey.astype(np.int64), 64, axis=0).reshape(64, h, w).sum(axis=1)
+    sums = np.repeat(rows, 64, axis=1).reshape(64, 64, w).sum(axis=2)
+    assert (2 * (sums % (h * w)) == h * w).sum() > 0  # precondition: exact ties occur
+    assert np.array_equal(area_thumbnail(grey, 64), ref)
+
+
 def test_area_thumbnail_ties_round_half_to_even() -> None:
     grey = np.array([[0, 1], [0, 0]], dtype=np.uint8)  # 4 px into 1: mean 0.25 -> 0
     assert area_thumbnail(grey, 1)[0, 0] == 0
