@@ -242,3 +242,14 @@ def test_local_imagenet_backbone_file_loads_strictly(arch: str, prefix: str, tmp
     torch.save({k: v for k, v in sd.items() if k != missing}, tmp_path / "bad.pth")
     with pytest.raises(MSBError, match="missing key"):
         build_model(ModelConfig(arch=arch, encoder_weights=str(tmp_path / "bad.pth")), 1)
+
+
+@pytest.mark.parametrize("channels", [32, 96, 0])
+def test_vwformer_head_width_not_a_multiple_of_64_is_one_clear_line(channels: int):
+    from msb.errors import MSBError
+    from msb.models.paper.vwformer import VWHead
+
+    with pytest.raises(MSBError, match=rf"model\.params\.channels: .* multiple of 64 .* got {channels}; use e\.g\. 64"):
+        VWHead((64, 128, 320, 512), 3, channels=channels)
+    head = VWHead((64, 128, 320, 512), 3, channels=64)  # the narrowest accepted: contexts of 64 / r^2 channels
+    assert [ds[0].out_channels for ds in head.ds] == [16, 4, 1]

@@ -141,6 +141,9 @@ class VWHead(nn.Module):
         in_channels: channels of c1..c4; channels: D (512); num_classes: C; heads: attention heads (1);
         ratios: context-window ratios (2, 4, 8); windows: query windows per side (8); dropout: before the
         classifier (0.1); short_cut: add ``F`` to each attention branch (True).
+
+    Raises:
+        MSBError: ``channels`` is not a positive multiple of every ``r**2`` (64 for the default ratios).
     """
 
     def __init__(self, in_channels: tuple[int, int, int, int], num_classes: int, channels: int = 512,
@@ -148,6 +151,11 @@ class VWHead(nn.Module):
                  short_cut: bool = True, low_level_channels: int = 48) -> None:
         super().__init__()
         d = channels
+        side = max(ratios)
+        if not isinstance(d, int) or d < 1 or any(d % (r * r) for r in ratios):
+            raise MSBError(f"model.params.channels: the VWFormer head width must be a multiple of {side * side} "
+                           f"(each context of ratio r is r x r-downsampled to channels / r^2 and brought back by "
+                           f"space-to-depth; ratios {tuple(ratios)}), got {d!r}; use e.g. {side * side} or 512")
         self.ratios, self.windows, self.short_cut = tuple(ratios), windows, short_cut
         self.linear_c4 = TokenLinear(in_channels[3], d)
         self.linear_c3 = TokenLinear(in_channels[2], d)
