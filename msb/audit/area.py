@@ -24,6 +24,8 @@ from functools import lru_cache
 import cv2
 import numpy as np
 
+from msb.audit.lanczos import band_blocks
+
 _BLOCK = 4  # output samples per product (the fastest of 2, 4, 8 and 16 on the bench images)
 _EXACT_BELOW = float(2**53)
 _BANDED_FROM = 256  # px on the longer side from which the banded products run (below: _small)
@@ -53,16 +55,7 @@ def area_matrix(n_in: int, n_out: int) -> np.ndarray:
 @lru_cache(maxsize=512)
 def _bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
     """:func:`area_matrix` cut into blocks of :data:`_BLOCK` outputs with the input span ``r0:r1`` each reads."""
-    k = area_matrix(n_in, n_out)
-    blocks = []
-    for c0 in range(0, n_out, _BLOCK):
-        c1 = min(n_out, c0 + _BLOCK)
-        rows = np.flatnonzero(np.any(k[:, c0:c1] != 0, axis=1))
-        r0, r1 = int(rows[0]), int(rows[-1]) + 1
-        sub = np.ascontiguousarray(k[r0:r1, c0:c1])
-        sub.flags.writeable = False
-        blocks.append((c0, c1, r0, r1, sub))
-    return tuple(blocks)
+    return band_blocks(area_matrix(n_in, n_out), _BLOCK)
 
 
 def area_thumbnail(grey: np.ndarray, size: int, g: np.ndarray | None = None) -> np.ndarray:

@@ -92,10 +92,16 @@ def _bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray]
     From 256 input samples the outputs are cut in blocks of 4, so the products skip most zeros of the banded
     matrix; below, one dense block (fewer, larger products cost less there).
     """
-    k = lanczos_matrix(n_in, n_out)
-    cuts = list(range(0, n_out, _BLOCK)) + [n_out] if n_in >= _BANDED_FROM else [0, n_out]
+    return band_blocks(lanczos_matrix(n_in, n_out), _BLOCK if n_in >= _BANDED_FROM else n_out)
+
+
+def band_blocks(k: np.ndarray, block: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
+    """A banded ``(n_in, n_out)`` resize matrix cut into blocks of ``block`` output columns, each with the span of
+    input rows it reads: ``(c0, c1, r0, r1, k[r0:r1, c0:c1])`` (contiguous, read-only), so ``x[:, r0:r1] @ sub``
+    gives outputs ``c0:c1`` without multiplying the zeros outside the band. Every column must have a non-zero."""
     blocks = []
-    for c0, c1 in zip(cuts[:-1], cuts[1:]):
+    for c0 in range(0, k.shape[1], block):
+        c1 = min(k.shape[1], c0 + block)
         rows = np.flatnonzero(np.any(k[:, c0:c1] != 0, axis=1))
         r0, r1 = int(rows[0]), int(rows[-1]) + 1
         sub = np.ascontiguousarray(k[r0:r1, c0:c1])
@@ -255,4 +261,4 @@ def fast_resize_matches_pillow() -> bool:
 
 
 __all__ = ["lanczos_matrix", "pillow_lanczos", "lanczos_hash_inputs", "fast_resize_matches_pillow", "float_buffer",
-           "PHASH_SIDE", "DHASH_SIZE"]
+           "band_blocks", "PHASH_SIDE", "DHASH_SIZE"]
