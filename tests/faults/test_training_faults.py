@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -125,6 +126,16 @@ def reference(tmp_path_factory, data_root: Path) -> dict[str, torch.Tensor]:
     r = _msb("run", str(_project(root, data_root)))
     assert r.returncode == 0, r.stdout + r.stderr
     return _weights(_run_dir(root))
+
+
+@pytest.fixture(scope="module")
+def killed_after_epoch_1(tmp_path_factory, data_root: Path) -> Path:
+    """``runs/`` of a project killed right after epoch 1's state and digest were installed, copied by the disk-full
+    tests (the run ids do not depend on the project folder; the copy's first run rewrites ``config.yaml`` with its
+    own ``run_root``, which those tests do not compare)."""
+    root = tmp_path_factory.mktemp("killed")
+    _killed(_msb("run", str(_project(root, data_root)), env={"MSB_FAULT_KILL_AT": "save_state:digest_installed"}))
+    return root / "runs"
 
 
 # ------------------------------------------------------------------------------------------------ item 1
@@ -387,8 +398,8 @@ if _target:
 @pytest.mark.parametrize("target,what", [("train_state.pt", "resume state"),
                                          ("train_state.sha256.pending", "resume-state digest"),
                                          ("latest.pt", "checkpoint"), ("train_log.csv", "training log")])
-def test_disk_full_is_one_line_and_keeps_the_state(tmp_path: Path, data_root: Path, reference, target: str,
-                                                   what: str):
+def test_disk_full_is_one_line_and_keeps_the_state(tmp_path: Path, data_root: Path, reference, killed_after_epoch_1,
+                                                   target: str, what: str):
     """Epoch 1 saved (killed right after), then the disk is full when epoch 2 writes ``target`` (every write of
     that file raises ``OSError(ENOSPC)``): one line naming the file and the free space, exit 2; the resume state
     and the file are unchanged and no temporary or pending file is left; after the disk is freed the rerun
@@ -397,7 +408,7 @@ def test_disk_full_is_one_line_and_keeps_the_state(tmp_path: Path, data_root: Pa
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     study = _project(tmp_path, data_root)
-    _killed(_msb("run", str(study), env={"MSB_FAULT_KILL_AT": "save_state:digest_installed"}))
+    shutil.copytree(killed_after_epoch_1, tmp_path / "runs", symlinks=True)  # killed after epoch 1
     run_dir = _run_dir(tmp_path)
     before = _hashes(run_dir)
     r = _msb("run", str(study), env={"MSB_TEST_ENOSPC": target, "PYTHONPATH": str(site)})
