@@ -53,7 +53,7 @@ def area_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=512)
-def _bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
+def area_bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
     """:func:`area_matrix` cut into blocks of :data:`_BLOCK` outputs with the input span ``r0:r1`` each reads."""
     return band_blocks(area_matrix(n_in, n_out), _BLOCK)
 
@@ -79,10 +79,25 @@ def area_thumbnail(grey: np.ndarray, size: int, g: np.ndarray | None = None) -> 
     if max(h, w) < _BANDED_FROM:
         return _small(src, size)
     rows = np.empty((h, size))
-    for c0, c1, r0, r1, sub in _bands(w, size):
+    for c0, c1, r0, r1, sub in area_bands(w, size):
         rows[:, c0:c1] = src[:, r0:r1] @ sub
+    return area_from_rows(rows, w, size)
+
+
+def area_from_rows(rows: np.ndarray, w: int, size: int) -> np.ndarray:
+    """The vertical pass and rounding of :func:`area_thumbnail`'s banded path.
+
+    Args:
+        rows: ``(H, size)`` float64, the horizontal sums ``grey @ area_matrix(W, size)`` (integers).
+        w: the image width ``W`` in pixels.
+        size: thumbnail side in pixels.
+
+    Returns:
+        ``(size, size)`` ``uint8``, as :func:`area_thumbnail`.
+    """
+    h = rows.shape[0]
     num = np.empty((size, size))
-    for c0, c1, r0, r1, sub in _bands(h, size):
+    for c0, c1, r0, r1, sub in area_bands(h, size):
         num[c0:c1] = sub.T @ rows[r0:r1]
     return _half_even(num, h * w).astype(np.uint8)
 
@@ -110,4 +125,4 @@ def _small(src: np.ndarray, size: int) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-__all__ = ["area_matrix", "area_thumbnail"]
+__all__ = ["area_matrix", "area_thumbnail", "area_bands", "area_from_rows"]

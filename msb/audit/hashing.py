@@ -22,7 +22,8 @@ How it is fast and still bit-identical to imagehash (``scripts/bench_audit.py`` 
 * the DCT of all 32x32 thumbnails is one batched ``scipy.fftpack.dct`` call (the transform imagehash calls,
   applied per 1-D line, so stacking does not change a coefficient), the medians one ``np.median`` call;
 * the thumbnail is banded float64 products of integers too (:mod:`msb.audit.area`), reading the same float64
-  copy of the grey image as the LANCZOS products while it is still in cache;
+  copy of the grey image as the LANCZOS products while it is still in cache; from 1 Mpx the three horizontal
+  passes run together over strips of 128 rows (:mod:`msb.audit.resize`);
 * decoding, the resizes and the thumbnail run in ``workers`` threads for small sets (PIL, BLAS and OpenCV
   release the GIL; no process start-up, nothing to pickle) and in ``workers`` processes from
   :data:`PROCESS_FROM` images (forked; 2,000 where they must be spawned), where the Python part of each
@@ -49,9 +50,8 @@ import scipy.fftpack
 from PIL import Image, UnidentifiedImageError
 from threadpoolctl import threadpool_limits
 
-from msb.audit.area import area_thumbnail
-from msb.audit.lanczos import (fast_resize_matches_pillow, float_buffer, lanczos_hash_inputs, lanczos_matrix,
-                               pillow_lanczos)
+from msb.audit.lanczos import fast_resize_matches_pillow, lanczos_hash_inputs, lanczos_matrix, pillow_lanczos
+from msb.audit.resize import fingerprint_resizes
 from msb.errors import MSBError
 
 HASH_SIZE = 8
@@ -138,9 +138,7 @@ def _decode(path: str | os.PathLike, thumb_size: int) -> _Decoded:
             grey = np.asarray(im.convert("L"))
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise MSBError(f"{path}: cannot decode image ({e}). Replace the file or remove its row.") from e
-    g = float_buffer(grey)  # one float64 copy, read by both resizes while in cache
-    p32, d98 = lanczos_hash_inputs(grey, g)
-    thumb = area_thumbnail(grey, thumb_size, g)
+    p32, d98, thumb = fingerprint_resizes(grey, thumb_size)
     return _Decoded(hashlib.sha256(data).hexdigest(), int(h), int(w), len(data), thumb, p32, d98)
 
 

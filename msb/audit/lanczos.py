@@ -74,7 +74,7 @@ def lanczos_matrix(n_in: int, n_out: int) -> np.ndarray:
     return m
 
 
-def _round_clip(s: np.ndarray) -> np.ndarray:
+def round_clip(s: np.ndarray) -> np.ndarray:
     """Pillow's ``clip8(ss + 2**21)``: ``floor((s + 2**21) / 2**22)`` clipped to ``[0, 255]`` (exact in float64).
     Works in place on ``s`` (a fresh product) and returns it."""
     s += _HALF
@@ -85,7 +85,7 @@ def _round_clip(s: np.ndarray) -> np.ndarray:
 
 
 @lru_cache(maxsize=1024)
-def _bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
+def lanczos_bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
     """:func:`lanczos_matrix` cut into blocks of output samples with the input span each block reads.
 
     Each block is ``(c0, c1, r0, r1, weights[r0:r1, c0:c1])``: outputs ``c0:c1`` read only inputs ``r0:r1``.
@@ -110,23 +110,23 @@ def band_blocks(k: np.ndarray, block: int) -> tuple[tuple[int, int, int, int, np
     return tuple(blocks)
 
 
-def _horizontal(g: np.ndarray, n_out: int) -> np.ndarray:
+def _horizontal_pass(g: np.ndarray, n_out: int) -> np.ndarray:
     """One horizontal LANCZOS pass of a float64 ``(H, W)`` image to ``(H, n_out)``, rounded and clipped."""
     out = np.empty((g.shape[0], n_out))
-    for c0, c1, r0, r1, sub in _bands(g.shape[1], n_out):
+    for c0, c1, r0, r1, sub in lanczos_bands(g.shape[1], n_out):
         out[:, c0:c1] = g[:, r0:r1] @ sub
-    return _round_clip(out)
+    return round_clip(out)
 
 
-def _vertical(g: np.ndarray, n_out: int) -> np.ndarray:
+def vertical_pass(g: np.ndarray, n_out: int) -> np.ndarray:
     """One vertical LANCZOS pass of a float64 ``(H, W)`` image to ``(n_out, W)``, rounded and clipped."""
     out = np.empty((n_out, g.shape[1]))
-    for c0, c1, r0, r1, sub in _bands(g.shape[0], n_out):
+    for c0, c1, r0, r1, sub in lanczos_bands(g.shape[0], n_out):
         out[c0:c1] = sub.T @ g[r0:r1]
-    return _round_clip(out)
+    return round_clip(out)
 
 
-def _vertical_first(h: int, w: int, oh: int, ow: int, order: str | None = None) -> bool:
+def vertical_first(h: int, w: int, oh: int, ow: int, order: str | None = None) -> bool:
     """Pass order of the installed Pillow (13.x): vertical first iff ``2 * max(w - ow, 0) < max(h - oh, 0)``.
 
     Pillow's C source is not shipped with the wheel; the rule was read off its output (it reproduces every one
@@ -142,7 +142,7 @@ def pillow_lanczos(grey: np.ndarray, width: int, height: int, order: str | None 
     """``np.asarray(PIL.Image.fromarray(grey).resize((width, height), LANCZOS))`` as float64, bit-identical.
 
     Pillow's two passes (each rounded to 8 bit, ``Resample.c``) as matrix products; which pass runs first
-    follows :func:`_vertical_first`. Every product and partial sum is an integer of magnitude < 2**53, so
+    follows :func:`vertical_first`. Every product and partial sum is an integer of magnitude < 2**53, so
     float64 BLAS is exact.
 
     Args:
@@ -156,11 +156,11 @@ def pillow_lanczos(grey: np.ndarray, width: int, height: int, order: str | None 
     """
     g = np.asarray(grey, dtype=np.float64)
     h, w = g.shape
-    if _vertical_first(h, w, height, width, order):
-        t = _vertical(g, height) if h != height else g
-        return _horizontal(t, width) if w != width else t
-    t = _horizontal(g, width) if w != width else g
-    return _vertical(t, height) if h != height else t
+    if vertical_first(h, w, height, width, order):
+        t = vertical_pass(g, height) if h != height else g
+        return _horizontal_pass(t, width) if w != width else t
+    t = _horizontal_pass(g, width) if w != width else g
+    return vertical_pass(t, height) if h != height else t
 
 
 def lanczos_hash_inputs(grey: np.ndarray, g: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -182,8 +182,8 @@ def lanczos_hash_inputs(grey: np.ndarray, g: np.ndarray | None = None) -> tuple[
                 np.asarray(im.resize(DHASH_SIZE, _LANCZOS), np.float64))
     h, w = grey.shape
     g = float_buffer(grey) if g is None else g
-    if max(h, w) < _BANDED_FROM and (_vertical_first(h, w, PHASH_SIDE, PHASH_SIDE)
-                                     == _vertical_first(h, w, DHASH_SIZE[1], DHASH_SIZE[0])):
+    if max(h, w) < _BANDED_FROM and (vertical_first(h, w, PHASH_SIDE, PHASH_SIDE)
+                                     == vertical_first(h, w, DHASH_SIZE[1], DHASH_SIZE[0])):
         return _joint_lanczos(g)
     return pillow_lanczos(g, PHASH_SIDE, PHASH_SIDE), pillow_lanczos(g, *DHASH_SIZE)
 
@@ -221,10 +221,10 @@ def _joint_lanczos(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     :func:`pillow_lanczos` (exact in float64), so the result is bit-identical to it."""
     h, w = g.shape
     kh, kvt = _joint_matrices(h, w)
-    if _vertical_first(h, w, PHASH_SIDE, PHASH_SIDE):
-        both = _round_clip(_round_clip(kvt @ g) @ kh)  # (40, 41)
+    if vertical_first(h, w, PHASH_SIDE, PHASH_SIDE):
+        both = round_clip(round_clip(kvt @ g) @ kh)  # (40, 41)
     else:
-        both = _round_clip(kvt @ _round_clip(g @ kh))
+        both = round_clip(kvt @ round_clip(g @ kh))
     return both[:PHASH_SIDE, :PHASH_SIDE].copy(), both[PHASH_SIDE:, PHASH_SIDE:].copy()
 
 
@@ -261,4 +261,5 @@ def fast_resize_matches_pillow() -> bool:
 
 
 __all__ = ["lanczos_matrix", "pillow_lanczos", "lanczos_hash_inputs", "fast_resize_matches_pillow", "float_buffer",
-           "band_blocks", "PHASH_SIDE", "DHASH_SIZE"]
+           "band_blocks", "lanczos_bands", "round_clip", "vertical_first",
+           "vertical_pass", "PHASH_SIDE", "DHASH_SIZE"]

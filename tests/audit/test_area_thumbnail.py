@@ -87,3 +87,19 @@ def test_real_images_match_opencv_within_one_grey_level(shared_dir: Path) -> Non
         total += ours.size
         assert np.array_equal(fingerprint(f).thumb, ours), f  # the fingerprint's thumbnail is this one
     assert equal / total >= 0.999
+
+
+@pytest.mark.parametrize("h,w", [(1072, 1920), (1100, 1000), (1024, 1024), (2000, 600)])
+def test_strip_path_equals_pillow_and_the_cell_means(h: int, w: int) -> None:
+    # from 1 Mpx the three horizontal passes run over row strips (msb.audit.resize); (2000, 600) is tall: Pillow
+    # runs the vertical pass first there, so the whole-image path is taken
+    from msb.audit.resize import STRIP_FROM, fingerprint_resizes
+
+    assert h * w >= STRIP_FROM
+    grey = np.random.default_rng(h + w).integers(0, 256, (h, w), dtype=np.uint8)
+    grey[: h // 4] = 255
+    p32, d98, thumb = fingerprint_resizes(grey, 64)
+    im = Image.fromarray(grey)
+    assert np.array_equal(p32, np.asarray(im.resize((32, 32), Image.Resampling.LANCZOS)))
+    assert np.array_equal(d98, np.asarray(im.resize((9, 8), Image.Resampling.LANCZOS)))
+    assert np.array_equal(thumb, area_mean_by_repetition(grey, 64))
