@@ -25,7 +25,8 @@ Masks (``True`` = content; ``S x S`` in the normalised coordinates of the ``S x 
 
 Fingerprints on the content (:func:`content_fingerprints`; one more decode per image): the screen thumbnail is
 the whole grey image (PIL ``convert("L")``) resized to ``S x S`` by area mean
-(:func:`msb.audit.area.area_thumbnail`), as in :mod:`msb.audit.hashing`, with its left-out pixels set to the mean of its content pixels; pHash and dHash are
+(:func:`msb.audit.area.area_thumbnail`), as in :mod:`msb.audit.hashing`, with its left-out pixels set to the
+mean of its content pixels; pHash and dHash are
 imagehash's (bit for bit: the batched path of :mod:`msb.audit.hashing`) of the grey image cropped to the content crop, the dataset mask's
 left-out pixels there (nearest-neighbour upsampled) set to the mean grey of its content pixels (the image mask
 is not used for the hashes: two copies of one frame with slightly different JPEG noise could lose different

@@ -96,9 +96,20 @@ def lanczos_bands(n_in: int, n_out: int) -> tuple[tuple[int, int, int, int, np.n
 
 
 def band_blocks(k: np.ndarray, block: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
-    """A banded ``(n_in, n_out)`` resize matrix cut into blocks of ``block`` output columns, each with the span of
-    input rows it reads: ``(c0, c1, r0, r1, k[r0:r1, c0:c1])`` (contiguous, read-only), so ``x[:, r0:r1] @ sub``
-    gives outputs ``c0:c1`` without multiplying the zeros outside the band. Every column must have a non-zero."""
+    """A banded resize matrix cut into blocks of output columns, each with the span of input rows it reads.
+
+    Args:
+        k: ``(n_in, n_out)`` float64 weights (:func:`lanczos_matrix`, :func:`msb.audit.area.area_matrix`), every
+            column with at least one non-zero.
+        block: output columns per block (``>= 1``; ``n_out`` gives one dense block).
+
+    Returns:
+        Tuple of ``(c0, c1, r0, r1, k[r0:r1, c0:c1])`` (contiguous, read-only): ``x[:, r0:r1] @ sub`` gives
+        outputs ``c0:c1`` without multiplying the zeros outside the band.
+
+    Raises:
+        IndexError: a block whose columns are all zero (no resize matrix has one).
+    """
     blocks = []
     for c0 in range(0, k.shape[1], block):
         c1 = min(k.shape[1], c0 + block)
